@@ -1,0 +1,34 @@
+use std::path::PathBuf;
+
+use crate::batch::BatchError;
+
+/// Everything that can go wrong in the storage crate.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("I/O error on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    /// A batch handed to `append` is invalid; nothing was written.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(#[from] BatchError),
+    /// The appended batches are larger than the configured maximum.
+    #[error("batch of {size} bytes exceeds the maximum of {max} bytes")]
+    BatchTooLarge { size: usize, max: usize },
+    /// Requested offset is outside [log start offset, log end offset].
+    #[error("offset {offset} is out of range [{log_start_offset}, {log_end_offset}]")]
+    OffsetOutOfRange { offset: i64, log_start_offset: i64, log_end_offset: i64 },
+    /// Data that was already flushed (behind the recovery point) is corrupt:
+    /// start-up must stop rather than silently drop it.
+    #[error("corrupt data behind the recovery point {recovery_point} in {file} at byte {position}: {reason}")]
+    CorruptBehindRecoveryPoint { file: PathBuf, position: u64, recovery_point: i64, reason: String },
+    /// A checkpoint or index file could not be understood.
+    #[error("corrupt file {file}: {reason}")]
+    CorruptFile { file: PathBuf, reason: String },
+}
+
+impl StorageError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StorageError::Io { path: path.into(), source }
+    }
+}
+
+pub type Result<T, E = StorageError> = std::result::Result<T, E>;

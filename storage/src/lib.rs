@@ -1,0 +1,27 @@
+//! Strand's storage: a partition log kept as segment files.
+//!
+//! A [`Log`] is a directory of segments. Each segment is `<base offset>.log`
+//! (Kafka v2 record batches, byte for byte as the client sent them, with the
+//! base offset and partition leader epoch patched in), plus memory-mapped
+//! sparse `.index` (offset → file position) and `.timeindex` (timestamp →
+//! offset) files. A per-log checkpoint records the recovery point and the log
+//! start offset. Recovery re-reads batches from the recovery point, verifies
+//! each CRC-32C, truncates a torn tail and rebuilds the indexes.
+//!
+//! This crate is synchronous and knows nothing of sockets, tokio or Kafka error
+//! codes; the broker maps [`StorageError`] to the wire.
+//!
+//! Modules: [`batch`] (batch header parsing and validation), `segment`,
+//! `offset_index`, `time_index`, `checkpoint`, `recovery`, [`log`].
+
+pub mod batch;
+mod checkpoint;
+mod error;
+pub mod log;
+mod offset_index;
+mod recovery;
+mod segment;
+mod time_index;
+
+pub use error::StorageError;
+pub use log::{AppendInfo, FileSlice, Log, LogConfig, ReadInfo, TimestampLookup};
