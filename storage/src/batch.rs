@@ -192,6 +192,25 @@ pub fn peek_header(buf: &[u8], position: usize) -> Result<(BatchHeader<'_>, usiz
     Ok((BatchHeader::new(&buf[..total]), total))
 }
 
+/// Reads only the fixed header at the start of `buf` (which must hold at
+/// least [`HEADER_BYTES`]; the rest of the batch need not be there) and checks
+/// its length field and magic. Returns the header and the batch's total size.
+/// Used to walk a segment file by positioned reads of headers alone.
+pub fn parse_header(buf: &[u8], position: usize) -> Result<(BatchHeader<'_>, usize), BatchError> {
+    if buf.len() < HEADER_BYTES {
+        return Err(BatchError::Truncated { position });
+    }
+    let header = BatchHeader::new(&buf[..HEADER_BYTES]);
+    let batch_length = header.batch_length();
+    if batch_length < BATCH_LENGTH_MIN as i32 {
+        return Err(BatchError::LengthTooSmall { position, batch_length });
+    }
+    if header.magic() != 2 {
+        return Err(BatchError::UnsupportedMagic { position, magic: header.magic() });
+    }
+    Ok((header, LOG_OVERHEAD + batch_length as usize))
+}
+
 /// Fully validates one batch: framing, magic, CRC-32C, record count against
 /// lastOffsetDelta, compression codec. This is the only per-batch work on the
 /// produce path and in recovery; records themselves are never decoded.

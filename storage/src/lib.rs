@@ -12,11 +12,13 @@
 //! codes; the broker maps [`StorageError`] to the wire.
 //!
 //! Modules: [`batch`] (batch header parsing and validation), `segment`,
+//! `index_file` (memory-mapped entries shared by the two indexes),
 //! `offset_index`, `time_index`, `checkpoint`, `recovery`, [`log`].
 
 pub mod batch;
 mod checkpoint;
 mod error;
+mod index_file;
 pub mod log;
 mod offset_index;
 mod recovery;

@@ -1,12 +1,28 @@
 //! The partition log: an ordered set of segments with one writer.
 //!
 //! API CONTRACT (the broker is written against exactly this surface).
+//!
+//! Offsets by name: the log end offset (everything appended, visible to
+//! reads) and the recovery point (everything fsynced; recovery after a crash
+//! starts there and refuses to drop anything below it). The log start offset
+//! is the first offset readable. The checkpoint file persists the recovery
+//! point and log start offset; it is rewritten on every flush, on
+//! `delete_records`, retention and truncation, and on open (marked unclean)
+//! and close (marked clean).
 
+use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::Result;
+use tracing::info;
+
+use crate::batch::{self, BatchError};
+use crate::checkpoint::Checkpoint;
+use crate::error::{Result, StorageError};
+use crate::recovery;
+use crate::segment::{BatchMeta, Segment};
 
 /// Per-log settings, with Kafka's names in the comments and Kafka's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,8 +89,13 @@ pub struct FileSlice {
 impl FileSlice {
     /// Appends the slice's bytes to `out` with one positioned read.
     pub fn read_into(&self, out: &mut Vec<u8>) -> Result<()> {
-        let _ = out;
-        unimplemented!()
+        let start = out.len();
+        out.resize(start + self.len, 0);
+        if let Err(e) = self.file.read_exact_at(&mut out[start..], self.position) {
+            out.truncate(start);
+            return Err(StorageError::io(self.path.as_path(), e));
+        }
+        Ok(())
     }
 }
 
@@ -94,104 +115,556 @@ pub struct TimestampLookup {
     pub batch: Vec<u8>,
 }
 
-/// One partition's log.
+/// One partition's log. `Send + Sync`: the broker keeps it in a mutex.
 #[derive(Debug)]
-pub struct Log {}
+pub struct Log {
+    dir: PathBuf,
+    config: LogConfig,
+    /// By base offset; the last one is the active segment and holds the writer.
+    segments: BTreeMap<i64, Segment>,
+    log_start_offset: i64,
+    recovery_point: i64,
+    messages_since_flush: u64,
+    last_flush_ms: i64,
+}
 
 impl Log {
     /// Opens (creating if needed) the log in `dir`, recovering from the
     /// recovery point if the last shutdown was not clean.
     pub fn open(dir: impl AsRef<Path>, config: LogConfig, now_ms: i64) -> Result<Log> {
-        let _ = (dir, config, now_ms);
-        unimplemented!()
+        let dir = dir.as_ref().to_path_buf();
+        let recovered = recovery::recover(&dir, &config, now_ms)?;
+        let mut log = Log {
+            dir,
+            config,
+            segments: recovered.segments,
+            log_start_offset: recovered.log_start_offset,
+            recovery_point: 0,
+            messages_since_flush: 0,
+            last_flush_ms: now_ms,
+        };
+        let index_max_bytes = log.config.index_max_bytes;
+        log.active_mut().activate(index_max_bytes)?;
+        // Recovered data may only be in the page cache: make it durable
+        // before calling it flushed, and mark the log open (unclean) so a
+        // crash from now on is detected.
+        for segment in log.segments.values() {
+            segment.flush()?;
+        }
+        log.recovery_point = log.log_end_offset();
+        log.write_checkpoint(false)?;
+        info!(
+            dir = %log.dir.display(),
+            log_start_offset = log.log_start_offset,
+            log_end_offset = log.log_end_offset(),
+            segments = log.segments.len(),
+            "opened log"
+        );
+        Ok(log)
     }
+
     pub fn dir(&self) -> &Path {
-        unimplemented!()
+        &self.dir
     }
     pub fn config(&self) -> &LogConfig {
-        unimplemented!()
+        &self.config
     }
     /// Applies new settings (from a config change); takes effect on the next append/roll/retention.
     pub fn set_config(&mut self, config: LogConfig) {
-        let _ = config;
-        unimplemented!()
+        self.config = config;
     }
     pub fn log_start_offset(&self) -> i64 {
-        unimplemented!()
+        self.log_start_offset
     }
     pub fn log_end_offset(&self) -> i64 {
-        unimplemented!()
+        self.active().next_offset()
     }
     pub fn recovery_point(&self) -> i64 {
-        unimplemented!()
+        self.recovery_point
     }
     /// Bytes of all segment files.
     pub fn size_bytes(&self) -> u64 {
-        unimplemented!()
+        self.segments.values().map(Segment::size_bytes).sum()
     }
     pub fn segment_count(&self) -> usize {
-        unimplemented!()
+        self.segments.len()
     }
+
+    fn active(&self) -> &Segment {
+        self.segments.values().next_back().expect("a log always has an active segment")
+    }
+    fn active_mut(&mut self) -> &mut Segment {
+        self.segments.values_mut().next_back().expect("a log always has an active segment")
+    }
+
+    fn write_checkpoint(&self, clean_shutdown: bool) -> Result<()> {
+        Checkpoint { recovery_point: self.recovery_point, log_start_offset: self.log_start_offset, clean_shutdown }
+            .write(&self.dir)
+    }
+
+    fn out_of_range(&self, offset: i64) -> StorageError {
+        StorageError::OffsetOutOfRange {
+            offset,
+            log_start_offset: self.log_start_offset,
+            log_end_offset: self.log_end_offset(),
+        }
+    }
+
     /// Validates every batch in `batches`, assigns offsets from the log end offset,
     /// stamps `leader_epoch`, and appends the bytes to the active segment (rolling
     /// first when size, time or index limits require). On any error nothing is written.
     pub fn append(&mut self, batches: &mut [u8], leader_epoch: i32, now_ms: i64) -> Result<AppendInfo> {
-        let _ = (batches, leader_epoch, now_ms);
-        unimplemented!()
+        if batches.len() > self.config.max_batch_bytes {
+            return Err(StorageError::BatchTooLarge { size: batches.len(), max: self.config.max_batch_bytes });
+        }
+        if batches.is_empty() {
+            return Err(StorageError::InvalidBatch(BatchError::Truncated { position: 0 }));
+        }
+        let info = batch::validate_all(batches)?;
+        let base_offset = self.log_end_offset();
+        let mut metas = Vec::with_capacity(info.batch_count);
+        let mut offset = base_offset;
+        for (position, header, total) in batch::iter(batches) {
+            let last_offset = offset + header.last_offset_delta() as i64;
+            metas.push(BatchMeta {
+                position: position as u64,
+                base_offset: offset,
+                last_offset,
+                max_timestamp: header.max_timestamp(),
+                total_bytes: total as u64,
+            });
+            offset = last_offset + 1;
+        }
+        assert_eq!(metas.len(), info.batch_count, "validate_all and iter disagree");
+        let last_offset = offset - 1;
+        for meta in &metas {
+            let at = meta.position as usize;
+            batch::set_base_offset(&mut batches[at..], meta.base_offset);
+            batch::set_partition_leader_epoch(&mut batches[at..], leader_epoch);
+        }
+
+        let active = self.active();
+        let len = batches.len() as u64;
+        if !active.is_empty()
+            && (active.size_bytes() + len > self.config.segment_bytes
+                || active.age_ms(now_ms) > self.config.roll_ms
+                || active.indexes_full()
+                || active.would_overflow(len, last_offset))
+        {
+            self.roll(now_ms)?;
+        }
+        let interval = self.config.index_interval_bytes;
+        self.active_mut().append(batches, &metas, interval)?;
+        debug_assert_eq!(self.log_end_offset(), last_offset + 1);
+
+        self.messages_since_flush = self.messages_since_flush.saturating_add(info.record_count as u64);
+        if self.messages_since_flush >= self.config.flush_interval_messages {
+            self.flush()?;
+            self.last_flush_ms = now_ms;
+        }
+        Ok(AppendInfo {
+            base_offset,
+            last_offset,
+            max_timestamp: info.max_timestamp,
+            log_start_offset: self.log_start_offset,
+            record_count: info.record_count,
+        })
     }
+
     /// Whole batches from the one containing `offset`, excluding batches whose base
     /// offset is `>= max_offset`, up to `max_bytes` (the first batch is returned even
     /// if larger when `min_one`).
     pub fn read(&self, offset: i64, max_bytes: usize, max_offset: i64, min_one: bool) -> Result<ReadInfo> {
-        let _ = (offset, max_bytes, max_offset, min_one);
-        unimplemented!()
+        let log_end_offset = self.log_end_offset();
+        if offset < self.log_start_offset || offset > log_end_offset {
+            return Err(self.out_of_range(offset));
+        }
+        let mut info = ReadInfo::default();
+        if offset == log_end_offset || offset >= max_offset {
+            return Ok(info);
+        }
+        let max_bytes = max_bytes as u64;
+        let mut total = 0u64;
+        let (&first_base, _) = self.segments.range(..=offset).next_back().expect("offset >= first base offset");
+        for segment in self.segments.range(first_base..).map(|(_, s)| s) {
+            let start = if segment.base_offset() == first_base {
+                match segment.find_batch(offset)? {
+                    Some(meta) => meta.position,
+                    None => continue,
+                }
+            } else {
+                0
+            };
+            let mut end = start;
+            let mut done = false;
+            if segment.next_offset() <= max_offset && total + (segment.size_bytes() - start) <= max_bytes {
+                // The rest of the segment fits: no need to read its headers.
+                end = segment.size_bytes();
+            } else {
+                while end < segment.size_bytes() {
+                    let meta = segment.read_header(end)?;
+                    let first_batch = total == 0 && end == start;
+                    if meta.base_offset >= max_offset
+                        || (total + (end - start) + meta.total_bytes > max_bytes && !(min_one && first_batch))
+                    {
+                        done = true;
+                        break;
+                    }
+                    end += meta.total_bytes;
+                }
+            }
+            if end > start {
+                let (file, path) = segment.reader();
+                info.slices.push(FileSlice {
+                    file: Arc::clone(file),
+                    path: Arc::clone(path),
+                    position: start,
+                    len: (end - start) as usize,
+                });
+                total += end - start;
+            }
+            if done {
+                break;
+            }
+        }
+        info.bytes = total as usize;
+        Ok(info)
     }
+
     /// fsyncs everything appended and advances the recovery point.
     pub fn flush(&mut self) -> Result<()> {
-        unimplemented!()
+        let log_end_offset = self.log_end_offset();
+        if self.recovery_point >= log_end_offset {
+            return Ok(());
+        }
+        // Segments from the one holding the recovery point on may have unflushed data.
+        let from = self.segments.range(..=self.recovery_point).next_back().map_or(i64::MIN, |(&b, _)| b);
+        for segment in self.segments.range(from..).map(|(_, s)| s) {
+            segment.flush()?;
+        }
+        self.recovery_point = log_end_offset;
+        self.messages_since_flush = 0;
+        self.write_checkpoint(false)
     }
+
     /// Flushes if `flush_interval_ms` has passed since the last flush and there is unflushed data.
     pub fn flush_if_due(&mut self, now_ms: i64) -> Result<bool> {
-        let _ = now_ms;
-        unimplemented!()
+        if self.recovery_point >= self.log_end_offset()
+            || now_ms.saturating_sub(self.last_flush_ms) < self.config.flush_interval_ms
+        {
+            return Ok(false);
+        }
+        self.flush()?;
+        self.last_flush_ms = now_ms;
+        Ok(true)
     }
+
     /// Starts a new active segment at the log end offset (no-op if the active one is empty).
     pub fn roll(&mut self, now_ms: i64) -> Result<()> {
-        let _ = now_ms;
-        unimplemented!()
+        if self.active().is_empty() {
+            return Ok(());
+        }
+        let base_offset = self.log_end_offset();
+        let segment = Segment::create(&self.dir, base_offset, self.config.index_max_bytes, now_ms)?;
+        if let Err(e) = self.active_mut().seal() {
+            let _ = segment.delete_files();
+            return Err(e);
+        }
+        let old = self.active();
+        info!(
+            segment = %old.log_path().display(),
+            size_bytes = old.size_bytes(),
+            new_base_offset = base_offset,
+            "rolled segment"
+        );
+        self.segments.insert(base_offset, segment);
+        Ok(())
     }
+
     /// Removes every batch at or after `offset` (whole batches only).
     pub fn truncate_to(&mut self, offset: i64) -> Result<()> {
-        let _ = offset;
-        unimplemented!()
+        let log_end_offset = self.log_end_offset();
+        if offset >= log_end_offset {
+            return Ok(());
+        }
+        if offset < self.log_start_offset {
+            return self.truncate_fully_and_start_at(offset);
+        }
+        let (&base, segment) = self.segments.range(..=offset).next_back().expect("offset >= log start offset");
+        let (position, new_end) = match segment.find_batch(offset)? {
+            Some(meta) => (meta.position, meta.base_offset),
+            None => (segment.size_bytes(), segment.next_offset()),
+        };
+        // Persist the lowered recovery point first: a crash part way must not
+        // find the log ending below its recovery point.
+        self.recovery_point = self.recovery_point.min(new_end);
+        self.log_start_offset = self.log_start_offset.min(new_end);
+        self.write_checkpoint(false)?;
+        let later: Vec<i64> = self.segments.range(base + 1..).map(|(&b, _)| b).collect();
+        for b in later.into_iter().rev() {
+            let gone = self.segments.remove(&b).expect("listed above");
+            info!(segment = %gone.log_path().display(), "deleting segment for truncation");
+            gone.delete_files()?;
+        }
+        let (index_max_bytes, interval) = (self.config.index_max_bytes, self.config.index_interval_bytes);
+        let segment = self.active_mut();
+        segment.activate(index_max_bytes)?;
+        info!(segment = %segment.log_path().display(), position, offset, "truncating log");
+        segment.truncate_to(position, index_max_bytes, interval)?;
+        let end = self.log_end_offset();
+        self.recovery_point = self.recovery_point.min(end);
+        self.log_start_offset = self.log_start_offset.min(end);
+        Ok(())
     }
+
+    /// Deletes every segment and starts an empty log at `offset`.
+    fn truncate_fully_and_start_at(&mut self, offset: i64) -> Result<()> {
+        self.recovery_point = offset;
+        self.log_start_offset = offset;
+        while let Some((_, gone)) = self.segments.pop_last() {
+            info!(segment = %gone.log_path().display(), "deleting segment for full truncation");
+            gone.delete_files()?;
+        }
+        let segment = Segment::create(&self.dir, offset, self.config.index_max_bytes, 0)?;
+        self.segments.insert(offset, segment);
+        self.write_checkpoint(false)
+    }
+
     /// Advances the log start offset to `offset` (which must be <= log end offset)
     /// and deletes segments entirely below it. Returns the new log start offset.
     pub fn delete_records(&mut self, offset: i64) -> Result<i64> {
-        let _ = offset;
-        unimplemented!()
+        if offset < self.log_start_offset || offset > self.log_end_offset() {
+            return Err(self.out_of_range(offset));
+        }
+        if offset == self.log_start_offset {
+            return Ok(offset);
+        }
+        self.log_start_offset = offset;
+        self.write_checkpoint(false)?;
+        let below = self
+            .segments
+            .values()
+            .take(self.segments.len() - 1)
+            .take_while(|s| s.next_offset() <= offset)
+            .count();
+        self.delete_oldest(below, "log start offset")?;
+        Ok(self.log_start_offset)
     }
+
+    /// Deletes the `count` oldest segments (never the active one), advancing
+    /// the log start offset past them; the checkpoint is written first.
+    fn delete_oldest(&mut self, count: usize, reason: &str) -> Result<usize> {
+        let count = count.min(self.segments.len() - 1);
+        if count == 0 {
+            return Ok(0);
+        }
+        let new_first = *self.segments.keys().nth(count).expect("count < len");
+        self.log_start_offset = self.log_start_offset.max(new_first);
+        self.recovery_point = self.recovery_point.max(self.log_start_offset);
+        self.write_checkpoint(false)?;
+        for _ in 0..count {
+            let (_, gone) = self.segments.pop_first().expect("count < len");
+            info!(
+                segment = %gone.log_path().display(),
+                size_bytes = gone.size_bytes(),
+                max_timestamp = gone.max_timestamp(),
+                reason,
+                "deleting segment"
+            );
+            gone.delete_files()?;
+        }
+        Ok(count)
+    }
+
     /// Deletes whole segments past `retention_ms` or beyond `retention_bytes`.
     /// Returns how many segments were deleted.
     pub fn enforce_retention(&mut self, now_ms: i64) -> Result<usize> {
-        let _ = now_ms;
-        unimplemented!()
+        let mut deleted = 0;
+        if self.config.retention_ms >= 0 {
+            // Kafka: a segment expires when its largest timestamp is older
+            // than retention.ms; deletion stops at the first one that is not.
+            let expired = self
+                .segments
+                .values()
+                .take_while(|s| !s.is_empty() && now_ms.saturating_sub(s.max_timestamp()) > self.config.retention_ms)
+                .count();
+            if expired == self.segments.len() {
+                self.roll(now_ms)?;
+            }
+            deleted += self.delete_oldest(expired, "retention.ms")?;
+        }
+        if self.config.retention_bytes >= 0 {
+            let mut excess = self.size_bytes() as i64 - self.config.retention_bytes;
+            let over = self
+                .segments
+                .values()
+                .take(self.segments.len() - 1)
+                .take_while(|s| {
+                    let fits = excess - s.size_bytes() as i64 >= 0;
+                    if fits {
+                        excess -= s.size_bytes() as i64;
+                    }
+                    fits
+                })
+                .count();
+            deleted += self.delete_oldest(over, "retention.bytes")?;
+        }
+        let below = self
+            .segments
+            .values()
+            .take(self.segments.len() - 1)
+            .take_while(|s| s.next_offset() <= self.log_start_offset)
+            .count();
+        deleted += self.delete_oldest(below, "log start offset")?;
+        Ok(deleted)
     }
+
     /// The batch holding the first record with timestamp >= `timestamp`.
     pub fn lookup_timestamp(&self, timestamp: i64) -> Result<Option<TimestampLookup>> {
-        let _ = timestamp;
-        unimplemented!()
+        for segment in self.segments.values() {
+            if segment.max_timestamp() < timestamp || segment.next_offset() <= self.log_start_offset {
+                continue;
+            }
+            if let Some(meta) = segment.find_timestamp(timestamp, self.log_start_offset)? {
+                let batch = segment.read_bytes(meta.position, meta.total_bytes)?;
+                return Ok(Some(TimestampLookup { batch }));
+            }
+        }
+        Ok(None)
     }
+
     /// The batch holding the largest timestamp in the log.
     pub fn lookup_max_timestamp(&self) -> Result<Option<TimestampLookup>> {
-        unimplemented!()
+        let mut best: Option<&Segment> = None;
+        for segment in self.segments.values().filter(|s| !s.is_empty()) {
+            if best.map_or(true, |b| segment.max_timestamp() > b.max_timestamp()) {
+                best = Some(segment);
+            }
+        }
+        let Some(segment) = best else { return Ok(None) };
+        match segment.find_batch(segment.offset_of_max_timestamp())? {
+            Some(meta) => Ok(Some(TimestampLookup { batch: segment.read_bytes(meta.position, meta.total_bytes)? })),
+            None => Ok(None),
+        }
     }
+
     /// Flushes, trims indexes and records a clean shutdown.
-    pub fn close(self) -> Result<()> {
-        unimplemented!()
+    pub fn close(mut self) -> Result<()> {
+        self.flush()?;
+        let active = self.active_mut();
+        active.seal()?;
+        active.flush()?;
+        self.write_checkpoint(true)?;
+        info!(dir = %self.dir.display(), log_end_offset = self.log_end_offset(), "closed log");
+        Ok(())
     }
+
     /// Removes the log and its directory.
     pub fn delete(self) -> Result<()> {
-        unimplemented!()
+        let dir = self.dir.clone();
+        drop(self);
+        std::fs::remove_dir_all(&dir).map_err(|e| StorageError::io(dir, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::build_test_batch;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn log_is_send_and_sync() {
+        assert_send_sync::<Log>();
+    }
+
+    fn config() -> LogConfig {
+        LogConfig { segment_bytes: 2048, index_interval_bytes: 256, index_max_bytes: 4096, ..LogConfig::default() }
+    }
+
+    fn append_n(log: &mut Log, n: usize, ts: i64) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for i in 0..n {
+            let mut b = build_test_batch(0, ts + i as i64, &[&[i as u8; 100], &[1u8; 20]]);
+            log.append(&mut b, 3, ts + i as i64).unwrap();
+            out.push(b);
+        }
+        out
+    }
+
+    fn read_all(log: &Log, from: i64) -> Vec<u8> {
+        let info = log.read(from, usize::MAX, i64::MAX, true).unwrap();
+        let mut out = Vec::new();
+        for s in &info.slices {
+            s.read_into(&mut out).unwrap();
+        }
+        assert_eq!(out.len(), info.bytes);
+        out
+    }
+
+    #[test]
+    fn append_read_roll_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset()), (0, 0));
+        let batches = append_n(&mut log, 40, 1_000);
+        assert_eq!(log.log_end_offset(), 80);
+        assert!(log.segment_count() > 3);
+        let all: Vec<u8> = batches.concat();
+        assert_eq!(read_all(&log, 0), all);
+        assert_eq!(read_all(&log, 41), batches[20..].concat());
+        let one = log.read(10, 1, i64::MAX, true).unwrap();
+        assert_eq!(one.bytes, batches[5].len());
+        assert_eq!(log.read(10, 1, i64::MAX, false).unwrap().bytes, 0);
+        assert_eq!(log.read(10, usize::MAX, 14, false).unwrap().bytes, batches[5].len() * 2);
+        assert_eq!(log.read(80, 100, i64::MAX, true).unwrap().bytes, 0);
+        assert!(matches!(log.read(81, 100, i64::MAX, true), Err(StorageError::OffsetOutOfRange { .. })));
+        let ts = log.lookup_timestamp(1_007).unwrap().unwrap();
+        assert_eq!(ts.batch, batches[7]);
+        assert_eq!(log.lookup_max_timestamp().unwrap().unwrap().batch, batches[39]);
+        log.close().unwrap();
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!(log.log_end_offset(), 80);
+        assert_eq!(read_all(&log, 0), all);
+        assert_eq!(log.lookup_timestamp(1_020).unwrap().unwrap().batch, batches[20]);
+        assert_eq!(log.lookup_max_timestamp().unwrap().unwrap().batch, batches[39]);
+    }
+
+    #[test]
+    fn invalid_or_oversized_appends_write_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), LogConfig { max_batch_bytes: 200, ..config() }, 0).unwrap();
+        let mut big = build_test_batch(0, 0, &[&[0u8; 300]]);
+        assert!(matches!(log.append(&mut big, 0, 0), Err(StorageError::BatchTooLarge { .. })));
+        let mut good = build_test_batch(0, 0, &[b"x"]);
+        let mut bad = build_test_batch(0, 0, &[b"y"]);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let mut both = [good.clone(), bad].concat();
+        assert!(matches!(log.append(&mut both, 0, 0), Err(StorageError::InvalidBatch(_))));
+        assert_eq!(log.size_bytes(), 0);
+        let info = log.append(&mut good, 0, 0).unwrap();
+        assert_eq!((info.base_offset, info.last_offset, info.record_count), (0, 0, 1));
+    }
+
+    #[test]
+    fn truncate_delete_records_and_retention() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        let batches = append_n(&mut log, 40, 1_000);
+        log.truncate_to(51).unwrap(); // inside batch 50..=51
+        assert_eq!(log.log_end_offset(), 50);
+        assert_eq!(read_all(&log, 0), batches[..25].concat());
+        assert_eq!(log.delete_records(31).unwrap(), 31);
+        assert!(matches!(log.read(30, 100, i64::MAX, true), Err(StorageError::OffsetOutOfRange { .. })));
+        assert_eq!(read_all(&log, 31), batches[15..25].concat());
+        assert!(log.segments.keys().next().copied().unwrap() <= 31);
+        let mut retained = log.config().clone();
+        retained.retention_bytes = 0;
+        log.set_config(retained);
+        log.enforce_retention(2_000).unwrap();
+        assert_eq!(log.segment_count(), 1);
+        assert_eq!(log.log_start_offset(), *log.segments.keys().next().unwrap());
     }
 }

@@ -1,1 +1,628 @@
-//! TODO
+//! One segment: `<base offset>.log` with its `.index` and `.timeindex`.
+//!
+//! The active segment owns a writer (a plain `File` opened for append); every
+//! segment has a shared read handle (`Arc<File>`) used for positioned reads,
+//! so readers never need the writer and a fetch can finish reading a segment
+//! that retention has just deleted.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::batch::{self, HEADER_BYTES};
+use crate::error::{Result, StorageError};
+use crate::offset_index::{OffsetEntry, OffsetIndex};
+use crate::time_index::{TimeEntry, TimeIndex};
+
+pub(crate) const LOG_SUFFIX: &str = "log";
+pub(crate) const INDEX_SUFFIX: &str = "index";
+pub(crate) const TIME_INDEX_SUFFIX: &str = "timeindex";
+
+/// Bytes read at a time when walking a segment's batches in full.
+const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// `<20-digit zero-padded base offset>.<suffix>`.
+pub(crate) fn file_name(base_offset: i64, suffix: &str) -> String {
+    format!("{base_offset:020}.{suffix}")
+}
+
+/// The header fields of one batch the log needs, copied out of the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BatchMeta {
+    /// Byte position in the segment file (or in an append buffer).
+    pub position: u64,
+    pub base_offset: i64,
+    pub last_offset: i64,
+    pub max_timestamp: i64,
+    pub total_bytes: u64,
+}
+
+/// Where a walk over a segment's batches stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WalkEnd {
+    /// End of the last good batch.
+    pub position: u64,
+    /// Offset after the last good batch.
+    pub next_offset: i64,
+    /// Why the walk stopped before the end of the file, if it did.
+    pub error: Option<String>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Segment {
+    base_offset: i64,
+    log_path: Arc<PathBuf>,
+    reader: Arc<File>,
+    writer: Option<File>,
+    size_bytes: u64,
+    next_offset: i64,
+    offset_index: OffsetIndex,
+    time_index: TimeIndex,
+    max_timestamp: i64,
+    /// Base offset of the first batch holding `max_timestamp`.
+    offset_of_max_timestamp: i64,
+    bytes_since_index_entry: u64,
+    /// maxTimestamp of the segment's first batch: what `roll_ms` is measured from.
+    first_batch_max_timestamp: Option<i64>,
+    /// When this process created or opened the segment: the `roll_ms` base
+    /// when the first batch carries no timestamp.
+    created_ms: i64,
+    /// Whether both index files looked well formed when opened.
+    indexes_ok: bool,
+}
+
+fn open_reader(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| StorageError::io(path, e))
+}
+
+impl Segment {
+    /// Creates a new, empty active segment starting at `base_offset`.
+    pub fn create(dir: &Path, base_offset: i64, index_max_bytes: u32, now_ms: i64) -> Result<Segment> {
+        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX));
+        let writer = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| StorageError::io(&log_path, e))?;
+        let len = writer.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
+        if len != 0 {
+            return Err(StorageError::CorruptFile {
+                file: log_path,
+                reason: format!("new segment file already holds {len} bytes"),
+            });
+        }
+        let mut segment = Segment::open(dir, base_offset, now_ms)?;
+        segment.offset_index.reset();
+        segment.time_index.reset();
+        segment.writer = Some(writer);
+        segment.offset_index.preallocate(index_max_bytes)?;
+        segment.time_index.preallocate(index_max_bytes)?;
+        Ok(segment)
+    }
+
+    /// Opens an existing segment's files. Until recovery or the caller sets
+    /// it, `next_offset` is the base offset.
+    pub fn open(dir: &Path, base_offset: i64, now_ms: i64) -> Result<Segment> {
+        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX));
+        let reader = open_reader(&log_path)?;
+        let size_bytes = reader.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
+        let (offset_index, offset_ok) = OffsetIndex::open(&dir.join(file_name(base_offset, INDEX_SUFFIX)))?;
+        let (time_index, time_ok) = TimeIndex::open(&dir.join(file_name(base_offset, TIME_INDEX_SUFFIX)))?;
+        let mut segment = Segment {
+            base_offset,
+            log_path: Arc::new(log_path),
+            reader: Arc::new(reader),
+            writer: None,
+            size_bytes,
+            next_offset: base_offset,
+            offset_index,
+            time_index,
+            max_timestamp: -1,
+            offset_of_max_timestamp: base_offset,
+            bytes_since_index_entry: 0,
+            first_batch_max_timestamp: None,
+            created_ms: now_ms,
+            indexes_ok: offset_ok && time_ok,
+        };
+        if let Some(last) = segment.time_index.last() {
+            segment.max_timestamp = last.timestamp;
+            segment.offset_of_max_timestamp = base_offset + last.relative_offset as i64;
+        }
+        Ok(segment)
+    }
+
+    pub fn base_offset(&self) -> i64 {
+        self.base_offset
+    }
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.size_bytes
+    }
+    pub fn is_empty(&self) -> bool {
+        self.size_bytes == 0
+    }
+    pub fn max_timestamp(&self) -> i64 {
+        self.max_timestamp
+    }
+    pub fn offset_of_max_timestamp(&self) -> i64 {
+        self.offset_of_max_timestamp
+    }
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+    pub fn is_active(&self) -> bool {
+        self.writer.is_some()
+    }
+    pub fn indexes_full(&self) -> bool {
+        self.offset_index.is_full() || self.time_index.is_full()
+    }
+
+    /// Milliseconds the segment has been collecting data for `roll_ms`:
+    /// measured from its first batch's maxTimestamp like Kafka, or from
+    /// creation/open when that batch has no timestamp.
+    pub fn age_ms(&self, now_ms: i64) -> i64 {
+        let since = match self.first_batch_max_timestamp {
+            Some(ts) if ts >= 0 => ts,
+            _ => self.created_ms,
+        };
+        now_ms.saturating_sub(since)
+    }
+
+    /// Sets what recovery learned without scanning (a sealed segment's end is
+    /// the next segment's base offset).
+    pub fn set_next_offset(&mut self, next_offset: i64) {
+        self.next_offset = next_offset;
+    }
+
+    /// Whether the index files looked well formed and fit this segment's data.
+    pub fn indexes_valid(&self) -> bool {
+        let relative_end = (self.next_offset - self.base_offset).max(0) as u64;
+        self.indexes_ok
+            && self.offset_index.fits(self.size_bytes, relative_end)
+            && self.time_index.fits(relative_end)
+            && (self.size_bytes > 0 || (self.offset_index.len() == 0 && self.time_index.len() == 0))
+    }
+
+    /// The offset `offset` relative to the base, if it fits an index entry.
+    fn relative(&self, offset: i64) -> Option<u32> {
+        u32::try_from(offset - self.base_offset).ok()
+    }
+
+    /// Whether appending `bytes` more bytes ending at `last_offset` would
+    /// overflow the u32 positions or i32 relative offsets of the indexes.
+    pub fn would_overflow(&self, bytes: u64, last_offset: i64) -> bool {
+        self.size_bytes + bytes > u32::MAX as u64 || last_offset - self.base_offset > i32::MAX as i64
+    }
+
+    /// Makes this the active segment: opens the writer, preallocates the indexes.
+    pub fn activate(&mut self, index_max_bytes: u32) -> Result<()> {
+        if self.writer.is_none() {
+            let writer = OpenOptions::new()
+                .append(true)
+                .open(&*self.log_path)
+                .map_err(|e| StorageError::io(&*self.log_path, e))?;
+            self.writer = Some(writer);
+        }
+        self.offset_index.preallocate(index_max_bytes)?;
+        self.time_index.preallocate(index_max_bytes)?;
+        if self.first_batch_max_timestamp.is_none() && self.size_bytes > 0 {
+            self.first_batch_max_timestamp = Some(self.read_header(0)?.max_timestamp);
+        }
+        Ok(())
+    }
+
+    /// Stops being the active segment: records the final time index entry (so
+    /// the last entry is the max timestamp), trims the indexes, drops the writer.
+    pub fn seal(&mut self) -> Result<()> {
+        if self.size_bytes > 0 {
+            if let Some(rel) = self.relative(self.offset_of_max_timestamp) {
+                let entry = TimeEntry { timestamp: self.max_timestamp, relative_offset: rel };
+                self.time_index.maybe_append(entry, true);
+            }
+        }
+        self.offset_index.trim()?;
+        self.time_index.trim()?;
+        self.writer = None;
+        Ok(())
+    }
+
+    /// Reads and checks the header of the batch at `position`.
+    pub fn read_header(&self, position: u64) -> Result<BatchMeta> {
+        let corrupt = |reason: String| StorageError::CorruptFile { file: self.log_path.to_path_buf(), reason };
+        if position + HEADER_BYTES as u64 > self.size_bytes {
+            return Err(corrupt(format!("batch header at byte {position} runs past the end of the file")));
+        }
+        let mut head = [0u8; HEADER_BYTES];
+        self.reader.read_exact_at(&mut head, position).map_err(|e| StorageError::io(&*self.log_path, e))?;
+        let (header, total) = batch::parse_header(&head, position as usize).map_err(|e| corrupt(e.to_string()))?;
+        if position + total as u64 > self.size_bytes || header.last_offset_delta() < 0 {
+            return Err(corrupt(format!("batch at byte {position} runs past the end of the file")));
+        }
+        Ok(BatchMeta {
+            position,
+            base_offset: header.base_offset(),
+            last_offset: header.last_offset(),
+            max_timestamp: header.max_timestamp(),
+            total_bytes: total as u64,
+        })
+    }
+
+    /// Reads `len` bytes at `position` into a new buffer.
+    pub fn read_bytes(&self, position: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        self.reader.read_exact_at(&mut buf, position).map_err(|e| StorageError::io(&*self.log_path, e))?;
+        Ok(buf)
+    }
+
+    /// Where to start scanning for `offset`: the indexed batch at or before it.
+    fn index_start(&self, offset: i64) -> u64 {
+        let rel = match self.relative(offset) {
+            Some(rel) => rel,
+            None if offset < self.base_offset => return 0,
+            None => u32::MAX,
+        };
+        self.offset_index.lookup(rel).map_or(0, |e| e.position as u64)
+    }
+
+    /// The first batch whose last offset is `>= offset` (the one holding it,
+    /// or the next), by an index look-up and a walk over headers.
+    pub fn find_batch(&self, offset: i64) -> Result<Option<BatchMeta>> {
+        self.find_batch_from(self.index_start(offset), |m| m.last_offset >= offset)
+    }
+
+    /// Walks headers from `position` to the first batch matching `pred`.
+    pub fn find_batch_from(&self, mut position: u64, pred: impl Fn(&BatchMeta) -> bool) -> Result<Option<BatchMeta>> {
+        while position < self.size_bytes {
+            let meta = self.read_header(position)?;
+            if pred(&meta) {
+                return Ok(Some(meta));
+            }
+            position += meta.total_bytes;
+        }
+        Ok(None)
+    }
+
+    /// The first batch with maxTimestamp `>= timestamp` and last offset `>= min_offset`.
+    pub fn find_timestamp(&self, timestamp: i64, min_offset: i64) -> Result<Option<BatchMeta>> {
+        let start = match self.time_index.lookup_below(timestamp) {
+            Some(e) => self.index_start(self.base_offset + e.relative_offset as i64),
+            None => 0,
+        };
+        self.find_batch_from(start, |m| m.max_timestamp >= timestamp && m.last_offset >= min_offset)
+    }
+
+    /// Appends validated batches (already stamped with offsets) with one
+    /// write; `metas` positions are relative to `buf`.
+    pub fn append(&mut self, buf: &[u8], metas: &[BatchMeta], index_interval_bytes: u32) -> Result<()> {
+        let writer = self.writer.as_mut().expect("append to a sealed segment");
+        if let Err(e) = writer.write_all(buf) {
+            // Nothing may be left half written: cut back to the old end.
+            let _ = writer.set_len(self.size_bytes);
+            return Err(StorageError::io(&*self.log_path, e));
+        }
+        let start = self.size_bytes;
+        self.size_bytes += buf.len() as u64;
+        for meta in metas {
+            let meta = BatchMeta { position: start + meta.position, ..*meta };
+            self.index_batch(&meta, index_interval_bytes);
+        }
+        Ok(())
+    }
+
+    /// Updates the max timestamp, the next offset and the sparse indexes for
+    /// a batch that is now in the file.
+    fn index_batch(&mut self, meta: &BatchMeta, index_interval_bytes: u32) {
+        if self.first_batch_max_timestamp.is_none() {
+            self.first_batch_max_timestamp = Some(meta.max_timestamp);
+        }
+        if meta.max_timestamp > self.max_timestamp {
+            self.max_timestamp = meta.max_timestamp;
+            self.offset_of_max_timestamp = meta.base_offset;
+        }
+        if self.bytes_since_index_entry >= index_interval_bytes as u64 && meta.position > 0 {
+            if let (Some(rel), Ok(position)) = (self.relative(meta.base_offset), u32::try_from(meta.position)) {
+                if !self.offset_index.is_full() {
+                    self.offset_index.append(OffsetEntry { relative_offset: rel, position });
+                }
+            }
+            if let Some(rel) = self.relative(self.offset_of_max_timestamp) {
+                let entry = TimeEntry { timestamp: self.max_timestamp, relative_offset: rel };
+                self.time_index.maybe_append(entry, false);
+            }
+            self.bytes_since_index_entry = 0;
+        }
+        self.bytes_since_index_entry += meta.total_bytes;
+        self.next_offset = meta.last_offset + 1;
+    }
+
+    /// Walks the batches from the start of the file, rebuilding the indexes,
+    /// max timestamp and next offset; with `validate` each batch's CRC-32C is
+    /// checked. Stops at the first bad batch without changing the file.
+    pub fn rebuild(&mut self, validate: bool, index_max_bytes: u32, index_interval_bytes: u32) -> Result<WalkEnd> {
+        self.offset_index.reset();
+        self.time_index.reset();
+        self.offset_index.preallocate(index_max_bytes)?;
+        self.time_index.preallocate(index_max_bytes)?;
+        self.max_timestamp = -1;
+        self.offset_of_max_timestamp = self.base_offset;
+        self.bytes_since_index_entry = 0;
+        self.first_batch_max_timestamp = None;
+        self.next_offset = self.base_offset;
+        let (reader, path) = (Arc::clone(&self.reader), Arc::clone(&self.log_path));
+        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, false, &mut |m| {
+            self.index_batch(m, index_interval_bytes)
+        })?;
+        self.indexes_ok = true;
+        if !self.is_active() {
+            self.seal()?;
+        }
+        Ok(end)
+    }
+
+    /// Checks the tail of a cleanly closed segment: from its last index entry
+    /// every batch must validate and the last must end exactly at the end of
+    /// the file. On success the max timestamp and next offset are updated.
+    pub fn verify_tail(&mut self) -> Result<bool> {
+        let (position, offset) = match self.offset_index.last() {
+            Some(e) => (e.position as u64, self.base_offset + e.relative_offset as i64),
+            None => (0, self.base_offset),
+        };
+        let mut max = (self.max_timestamp, self.offset_of_max_timestamp);
+        let mut first_ts = None;
+        let end = walk(&self.reader, &self.log_path, self.size_bytes, position, offset, true, true, &mut |m| {
+            if m.position == 0 {
+                first_ts = Some(m.max_timestamp);
+            }
+            if m.max_timestamp > max.0 {
+                max = (m.max_timestamp, m.base_offset);
+            }
+        })?;
+        if end.error.is_some() {
+            return Ok(false);
+        }
+        (self.max_timestamp, self.offset_of_max_timestamp) = max;
+        self.next_offset = end.next_offset;
+        self.bytes_since_index_entry = self.size_bytes - position;
+        if first_ts.is_some() {
+            self.first_batch_max_timestamp = first_ts;
+        }
+        Ok(true)
+    }
+
+    /// Cuts the file at `position` (a batch boundary) and rebuilds the indexes
+    /// from the batch headers that remain.
+    pub fn truncate_to(&mut self, position: u64, index_max_bytes: u32, index_interval_bytes: u32) -> Result<()> {
+        assert!(position <= self.size_bytes);
+        let writer = self.writer.as_ref().expect("truncate a sealed segment");
+        writer.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
+        self.size_bytes = position;
+        let end = self.rebuild(false, index_max_bytes, index_interval_bytes)?;
+        match end.error {
+            None => Ok(()),
+            Some(reason) => Err(StorageError::CorruptFile { file: self.log_path.to_path_buf(), reason }),
+        }
+    }
+
+    /// Cuts the file at `position` after a recovery walk that stopped there
+    /// (the indexes already end before it).
+    pub fn truncate_file(&mut self, position: u64) -> Result<()> {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(&*self.log_path)
+            .map_err(|e| StorageError::io(&*self.log_path, e))?;
+        file.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
+        self.size_bytes = position;
+        self.offset_index.truncate_to_position(position);
+        if let Some(rel) = self.relative(self.next_offset) {
+            self.time_index.truncate_to_offset(rel);
+        }
+        if position == 0 {
+            self.first_batch_max_timestamp = None;
+        }
+        Ok(())
+    }
+
+    /// fsyncs the log file and the indexes.
+    pub fn flush(&self) -> Result<()> {
+        self.reader.sync_all().map_err(|e| StorageError::io(&*self.log_path, e))?;
+        self.offset_index.flush()?;
+        self.time_index.flush()
+    }
+
+    /// The read handle, shared with file slices.
+    pub fn reader(&self) -> (&Arc<File>, &Arc<PathBuf>) {
+        (&self.reader, &self.log_path)
+    }
+
+    /// Removes the segment's files: the log first, so a crash part way leaves
+    /// only orphan index files, which open() removes.
+    pub fn delete_files(&self) -> Result<()> {
+        for path in [&*self.log_path, self.offset_index.path(), self.time_index.path()] {
+            match std::fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(StorageError::io(path, e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a file through a window of whole chunks, for walking batches.
+struct ChunkReader<'a> {
+    file: &'a File,
+    path: &'a Path,
+    start: u64,
+    buf: Vec<u8>,
+}
+
+impl ChunkReader<'_> {
+    /// `len` bytes at `position`; the caller checked they are inside a file of `size` bytes.
+    fn get(&mut self, position: u64, len: usize, size: u64) -> Result<&[u8]> {
+        let end = position + len as u64;
+        debug_assert!(end <= size);
+        if position < self.start || end > self.start + self.buf.len() as u64 {
+            let want = (len.max(SCAN_CHUNK_BYTES) as u64).min(size - position) as usize;
+            self.buf.resize(want, 0);
+            self.file.read_exact_at(&mut self.buf, position).map_err(|e| StorageError::io(self.path, e))?;
+            self.start = position;
+        }
+        let at = (position - self.start) as usize;
+        Ok(&self.buf[at..at + len])
+    }
+}
+
+/// Walks the batches of a file of `size` bytes from `position`, expecting
+/// offsets from `expected_offset` on (strictly increasing; with `exact_first`
+/// the first batch must start exactly there). Calls `f` for each good batch
+/// and stops at the first torn, corrupt or out-of-order one.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn walk(
+    file: &File,
+    path: &Path,
+    size: u64,
+    mut position: u64,
+    expected_offset: i64,
+    validate: bool,
+    exact_first: bool,
+    f: &mut dyn FnMut(&BatchMeta),
+) -> Result<WalkEnd> {
+    let mut reader = ChunkReader { file, path, start: 0, buf: Vec::new() };
+    let mut next_offset = expected_offset;
+    let mut first = true;
+    let stop = |position, next_offset, reason: String| Ok(WalkEnd { position, next_offset, error: Some(reason) });
+    while position < size {
+        let remaining = size - position;
+        if remaining < HEADER_BYTES as u64 {
+            return stop(position, next_offset, format!("torn batch header at byte {position}: {remaining} bytes left"));
+        }
+        let head = reader.get(position, HEADER_BYTES, size)?;
+        let (header, total) = match batch::parse_header(head, position as usize) {
+            Ok(h) => h,
+            Err(e) => return stop(position, next_offset, e.to_string()),
+        };
+        if total as u64 > remaining {
+            return stop(position, next_offset, format!("torn batch at byte {position}: {total} bytes, {remaining} left"));
+        }
+        let meta = BatchMeta {
+            position,
+            base_offset: header.base_offset(),
+            last_offset: header.last_offset(),
+            max_timestamp: header.max_timestamp(),
+            total_bytes: total as u64,
+        };
+        if validate {
+            if let Err(e) = batch::validate(reader.get(position, total, size)?, position as usize) {
+                return stop(position, next_offset, e.to_string());
+            }
+        }
+        let in_order = if first && exact_first {
+            meta.base_offset == next_offset
+        } else {
+            meta.base_offset >= next_offset
+        };
+        if !in_order || meta.last_offset < meta.base_offset {
+            return stop(
+                position,
+                next_offset,
+                format!("batch at byte {position} has offsets {}..={}, expected {next_offset}", meta.base_offset, meta.last_offset),
+            );
+        }
+        f(&meta);
+        next_offset = meta.last_offset + 1;
+        position += meta.total_bytes;
+        first = false;
+    }
+    Ok(WalkEnd { position, next_offset, error: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{build_test_batch, set_base_offset};
+
+    fn batches(base: i64, count: usize) -> (Vec<u8>, Vec<BatchMeta>) {
+        let mut buf = Vec::new();
+        let mut metas = Vec::new();
+        let mut offset = base;
+        for i in 0..count {
+            let mut b = build_test_batch(0, 1_000 + i as i64, &[&[7u8; 100], &[8u8; 50]]);
+            set_base_offset(&mut b, offset);
+            metas.push(BatchMeta {
+                position: buf.len() as u64,
+                base_offset: offset,
+                last_offset: offset + 1,
+                max_timestamp: 1_000 + i as i64,
+                total_bytes: b.len() as u64,
+            });
+            buf.extend_from_slice(&b);
+            offset += 2;
+        }
+        (buf, metas)
+    }
+
+    #[test]
+    fn append_find_and_rebuild() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seg = Segment::create(dir.path(), 100, 1024, 0).unwrap();
+        let (buf, metas) = batches(100, 20);
+        seg.append(&buf, &metas, 500).unwrap();
+        assert_eq!(seg.next_offset(), 140);
+        assert_eq!(seg.max_timestamp(), 1_019);
+        assert_eq!(seg.offset_of_max_timestamp(), 138);
+        assert!(seg.offset_index.len() > 2);
+        for offset in 100..140 {
+            let m = seg.find_batch(offset).unwrap().unwrap();
+            assert!(m.base_offset <= offset && offset <= m.last_offset);
+        }
+        assert_eq!(seg.find_batch(140).unwrap(), None);
+        assert_eq!(seg.find_timestamp(1_005, 0).unwrap().unwrap().base_offset, 110);
+        assert_eq!(seg.find_timestamp(1_005, 120).unwrap().unwrap().base_offset, 120);
+        let entries = seg.offset_index.len();
+        let end = seg.rebuild(true, 1024, 500).unwrap();
+        assert_eq!(end, WalkEnd { position: buf.len() as u64, next_offset: 140, error: None });
+        assert_eq!(seg.offset_index.len(), entries);
+        seg.seal().unwrap();
+        assert_eq!(seg.time_index.last().unwrap().timestamp, 1_019);
+    }
+
+    #[test]
+    fn sealed_segment_reopens_with_max_timestamp_and_valid_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seg = Segment::create(dir.path(), 0, 1024, 0).unwrap();
+        let (buf, metas) = batches(0, 10);
+        seg.append(&buf, &metas, 300).unwrap();
+        seg.seal().unwrap();
+        drop(seg);
+        let mut seg = Segment::open(dir.path(), 0, 0).unwrap();
+        assert_eq!(seg.max_timestamp(), 1_009);
+        seg.set_next_offset(20);
+        assert!(seg.indexes_valid());
+        assert!(seg.verify_tail().unwrap());
+        assert_eq!(seg.next_offset(), 20);
+    }
+
+    #[test]
+    fn truncation_and_corrupt_walk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut seg = Segment::create(dir.path(), 0, 1024, 0).unwrap();
+        let (buf, metas) = batches(0, 10);
+        seg.append(&buf, &metas, 300).unwrap();
+        seg.truncate_to(metas[5].position, 1024, 300).unwrap();
+        assert_eq!(seg.next_offset(), 10);
+        assert_eq!(seg.max_timestamp(), 1_004);
+        assert_eq!(seg.find_batch(10).unwrap(), None);
+        // Garble a byte of batch 3: a validating walk stops there.
+        let file = OpenOptions::new().write(true).open(seg.log_path()).unwrap();
+        file.write_all_at(&[0xff], metas[3].position + 70).unwrap();
+        let end = seg.rebuild(true, 1024, 300).unwrap();
+        assert_eq!(end.position, metas[3].position);
+        assert_eq!(end.next_offset, 6);
+        assert!(end.error.unwrap().contains("CRC"));
+        assert!(!seg.verify_tail().unwrap());
+    }
+}
