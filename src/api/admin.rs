@@ -1,0 +1,254 @@
+//! Topic administration and cluster description: CreateTopics, DeleteTopics,
+//! CreatePartitions, DeleteRecords, DescribeCluster.
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+use kafka_protocol::messages::create_topics_response::{CreatableTopicConfigs, CreatableTopicResult};
+use kafka_protocol::messages::delete_records_response::{DeleteRecordsPartitionResult, DeleteRecordsTopicResult};
+use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use uuid::Uuid;
+
+use super::{error, str_bytes, RequestContext};
+use crate::replica::{ReplicaManager, TopicError};
+use crate::topic_config::{self, TOPIC_CONFIGS};
+
+fn message(e: &TopicError) -> Option<StrBytes> {
+    Some(StrBytes::from_string(e.to_string()))
+}
+
+pub fn create_topics(ctx: &RequestContext, req: CreateTopicsRequest) -> CreateTopicsResponse {
+    let node = ctx.state.config().node_id;
+    let mut seen = std::collections::HashSet::new();
+    let duplicates: std::collections::HashSet<String> =
+        req.topics.iter().filter(|t| !seen.insert(t.name.0.to_string())).map(|t| t.name.0.to_string()).collect();
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let name = t.name.0.to_string();
+            let result = CreatableTopicResult::default().with_name(t.name.clone()).with_topic_config_error_code(0);
+            if duplicates.contains(&name) {
+                return result
+                    .with_error_code(ResponseError::InvalidRequest.code())
+                    .with_error_message(Some(str_bytes("topic appears more than once in the request")))
+                    .with_num_partitions(-1)
+                    .with_replication_factor(-1);
+            }
+            let created = create_one(ctx, node, &t, req.validate_only);
+            match created {
+                Ok((id, partitions, overrides)) => {
+                    let mut r = result
+                        .with_error_code(0)
+                        .with_topic_id(id)
+                        .with_num_partitions(partitions)
+                        .with_replication_factor(1);
+                    if ctx.version >= 5 {
+                        r = r.with_configs(Some(described_configs(ctx, &overrides)));
+                    }
+                    r
+                }
+                Err(e) => result
+                    .with_error_code(error::topic_code(&e))
+                    .with_error_message(message(&e))
+                    .with_num_partitions(-1)
+                    .with_replication_factor(-1),
+            }
+        })
+        .collect();
+    CreateTopicsResponse::default().with_topics(topics)
+}
+
+fn create_one(
+    ctx: &RequestContext,
+    node: i32,
+    t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+    validate_only: bool,
+) -> Result<(Uuid, i32, BTreeMap<String, String>), TopicError> {
+    let mut partitions = t.num_partitions;
+    let mut replication_factor = t.replication_factor;
+    if !t.assignments.is_empty() {
+        if partitions != -1 || replication_factor != -1 {
+            return Err(TopicError::InvalidRequest(
+                "give either assignments or num_partitions/replication_factor, not both".into(),
+            ));
+        }
+        let mut indexes: Vec<i32> = t.assignments.iter().map(|a| a.partition_index).collect();
+        indexes.sort_unstable();
+        if indexes.iter().enumerate().any(|(i, p)| *p != i as i32) {
+            return Err(TopicError::InvalidReplicaAssignment("partition indexes must be 0..n without gaps".into()));
+        }
+        for a in &t.assignments {
+            if a.broker_ids.len() != 1 || a.broker_ids[0].0 != node {
+                return Err(TopicError::InvalidReplicaAssignment(format!(
+                    "partition {} is assigned to {:?}; the only broker is {node}",
+                    a.partition_index,
+                    a.broker_ids.iter().map(|b| b.0).collect::<Vec<_>>()
+                )));
+            }
+        }
+        partitions = t.assignments.len() as i32;
+        replication_factor = 1;
+    }
+    let configs: Vec<(String, Option<String>)> =
+        t.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
+    let overrides = ReplicaManager::validate_configs(&configs)?;
+    let topic = ctx.state.replicas.create_topic(t.name.0.as_str(), partitions, replication_factor, overrides.clone(), validate_only)?;
+    let count = if validate_only {
+        if partitions == -1 {
+            ctx.state.config().num_partitions
+        } else {
+            partitions
+        }
+    } else {
+        topic.partitions.len() as i32
+    };
+    Ok((topic.id, count, overrides))
+}
+
+/// Effective configs of a new topic, for CreateTopics v5+.
+fn described_configs(ctx: &RequestContext, overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+    let dynamic = ctx.state.replicas.dynamic_configs();
+    TOPIC_CONFIGS
+        .iter()
+        .map(|key| {
+            let (value, source) = topic_config::topic_value(ctx.state.config(), &dynamic, overrides, key);
+            CreatableTopicConfigs::default()
+                .with_name(str_bytes(key.name))
+                .with_value(Some(StrBytes::from_string(value)))
+                .with_read_only(false)
+                .with_config_source(source as i8)
+                .with_is_sensitive(false)
+        })
+        .collect()
+}
+
+pub fn delete_topics(ctx: &RequestContext, req: DeleteTopicsRequest) -> DeleteTopicsResponse {
+    // v6+ names topics in `topics` (by name or id); earlier versions in `topic_names`.
+    let targets: Vec<(Option<String>, Uuid)> = if ctx.version >= 6 {
+        req.topics.iter().map(|t| (t.name.as_ref().map(|n| n.0.to_string()), t.topic_id)).collect()
+    } else {
+        req.topic_names.iter().map(|n| (Some(n.0.to_string()), Uuid::nil())).collect()
+    };
+    let responses = targets
+        .into_iter()
+        .map(|(name, id)| {
+            let resolved: Result<String, TopicError> = match (&name, id) {
+                (_, id) if id != Uuid::nil() => {
+                    ctx.state.replicas.topic_by_id(&id).map(|t| t.name.clone()).ok_or(TopicError::UnknownId(id))
+                }
+                (Some(n), _) => Ok(n.clone()),
+                (None, _) => Err(TopicError::InvalidRequest("neither a topic name nor a topic id".into())),
+            };
+            let outcome = resolved.and_then(|n| {
+                if ctx.state.replicas.topic(&n).is_some_and(|t| t.internal) {
+                    return Err(TopicError::InvalidRequest(format!("internal topic {n} cannot be deleted")));
+                }
+                ctx.state.replicas.delete_topic(&n).map(|id| (n, id))
+            });
+            let base = DeletableTopicResult::default();
+            match outcome {
+                Ok((n, deleted_id)) => base.with_name(Some(TopicName(str_bytes(&n)))).with_topic_id(deleted_id).with_error_code(0),
+                Err(e) => base
+                    .with_name(name.map(|n| TopicName(StrBytes::from_string(n))))
+                    .with_topic_id(id)
+                    .with_error_code(error::topic_code(&e))
+                    .with_error_message(message(&e)),
+            }
+        })
+        .collect();
+    DeleteTopicsResponse::default().with_responses(responses)
+}
+
+pub fn create_partitions(ctx: &RequestContext, req: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    let node = ctx.state.config().node_id;
+    let results = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let outcome = (|| {
+                if let Some(assignments) = &t.assignments {
+                    if assignments.iter().any(|a| a.broker_ids.len() != 1 || a.broker_ids[0].0 != node) {
+                        return Err(TopicError::InvalidReplicaAssignment(format!("the only broker is {node}")));
+                    }
+                }
+                ctx.state.replicas.create_partitions(t.name.0.as_str(), t.count, req.validate_only)
+            })();
+            let base = CreatePartitionsTopicResult::default().with_name(t.name);
+            match outcome {
+                Ok(()) => base.with_error_code(0),
+                Err(e) => base.with_error_code(error::topic_code(&e)).with_error_message(message(&e)),
+            }
+        })
+        .collect();
+    CreatePartitionsResponse::default().with_results(results)
+}
+
+pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let topic = ctx.state.replicas.topic(t.name.0.as_str());
+            let partitions = t
+                .partitions
+                .into_iter()
+                .map(|p| {
+                    let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+                    let Some(partition) = topic.as_ref().and_then(|t| usize::try_from(p.partition_index).ok().and_then(|i| t.partitions.get(i)))
+                    else {
+                        return base.with_error_code(ResponseError::UnknownTopicOrPartition.code()).with_low_watermark(-1);
+                    };
+                    let offsets = match partition.offsets() {
+                        Ok(o) => o,
+                        Err(e) => return base.with_error_code(error::partition_code(&e)).with_low_watermark(-1),
+                    };
+                    // -1 means "up to the high watermark"; beyond it is out of range.
+                    let target = if p.offset == -1 { offsets.high_watermark } else { p.offset };
+                    if target < 0 || target > offsets.high_watermark {
+                        return base.with_error_code(ResponseError::OffsetOutOfRange.code()).with_low_watermark(offsets.log_start_offset);
+                    }
+                    if target <= offsets.log_start_offset {
+                        return base.with_error_code(0).with_low_watermark(offsets.log_start_offset);
+                    }
+                    match partition.delete_records(target) {
+                        Ok(low) => base.with_error_code(0).with_low_watermark(low),
+                        Err(e) => base.with_error_code(error::partition_code(&e)).with_low_watermark(-1),
+                    }
+                })
+                .collect();
+            DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(partitions)
+        })
+        .collect();
+    DeleteRecordsResponse::default().with_topics(topics)
+}
+
+pub fn describe_cluster(ctx: &RequestContext, req: DescribeClusterRequest) -> DescribeClusterResponse {
+    let config = ctx.state.config();
+    // endpoint_type 1 = brokers; 2 = controllers, which a combined single node also is.
+    if ctx.version >= 1 && req.endpoint_type != 1 && req.endpoint_type != 2 {
+        return DescribeClusterResponse::default()
+            .with_error_code(ResponseError::UnsupportedEndpointType.code())
+            .with_endpoint_type(req.endpoint_type)
+            .with_cluster_id(str_bytes(&ctx.state.replicas.cluster_id))
+            .with_controller_id(BrokerId(-1));
+    }
+    let advertised = config.advertised_for(&ctx.listener);
+    let broker = DescribeClusterBroker::default()
+        .with_broker_id(BrokerId(config.node_id))
+        .with_host(str_bytes(&advertised.host))
+        .with_port(advertised.port as i32)
+        .with_rack(None)
+        .with_is_fenced(false);
+    DescribeClusterResponse::default()
+        .with_error_code(0)
+        .with_endpoint_type(if ctx.version >= 1 { req.endpoint_type } else { 1 })
+        .with_cluster_id(str_bytes(&ctx.state.replicas.cluster_id))
+        .with_controller_id(BrokerId(config.node_id))
+        .with_brokers(vec![broker])
+        .with_cluster_authorized_operations(i32::MIN)
+}

@@ -1,0 +1,273 @@
+//! DescribeConfigs and IncrementalAlterConfigs for topics and the broker.
+
+use std::collections::BTreeMap;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym};
+use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+use super::{error, str_bytes, RequestContext};
+use crate::replica::TopicError;
+use crate::topic_config::{self, ConfigSource, ConfigType, DynamicBrokerConfigs, TOPIC_CONFIGS};
+
+const RESOURCE_TOPIC: i8 = 2;
+const RESOURCE_BROKER: i8 = 4;
+
+const OP_SET: i8 = 0;
+const OP_DELETE: i8 = 1;
+const OP_APPEND: i8 = 2;
+const OP_SUBTRACT: i8 = 3;
+
+/// One described config before it is put on the wire.
+struct Entry {
+    name: String,
+    value: String,
+    source: ConfigSource,
+    read_only: bool,
+    config_type: ConfigType,
+    doc: &'static str,
+    synonyms: Vec<(String, String, ConfigSource)>,
+}
+
+/// Static broker settings reported by DescribeConfigs (read-only).
+fn static_broker_entries(ctx: &RequestContext) -> Vec<Entry> {
+    let c = ctx.state.config();
+    let join = |ls: &[crate::config::Listener]| ls.iter().map(|l| format!("{}://{}:{}", l.name, l.host, l.port)).collect::<Vec<_>>().join(",");
+    let items: Vec<(&str, String, ConfigType)> = vec![
+        ("node.id", c.node_id.to_string(), ConfigType::Int),
+        ("listeners", join(&c.listeners), ConfigType::String),
+        ("advertised.listeners", join(&c.advertised_listeners), ConfigType::String),
+        ("log.dirs", c.log_dir.display().to_string(), ConfigType::String),
+        ("num.partitions", c.num_partitions.to_string(), ConfigType::Int),
+        ("default.replication.factor", c.default_replication_factor.to_string(), ConfigType::Int),
+        ("auto.create.topics.enable", c.auto_create_topics_enable.to_string(), ConfigType::Boolean),
+        ("delete.topic.enable", c.delete_topic_enable.to_string(), ConfigType::Boolean),
+        ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), ConfigType::Int),
+        ("max.connections", c.max_connections.to_string(), ConfigType::Int),
+        ("log.retention.check.interval.ms", c.log_retention_check_interval_ms.to_string(), ConfigType::Long),
+        ("fetch.max.bytes", c.fetch_max_bytes.to_string(), ConfigType::Int),
+    ];
+    items
+        .into_iter()
+        .map(|(name, value, config_type)| Entry {
+            source: if c.explicit_keys.contains_key(name) { ConfigSource::StaticBroker } else { ConfigSource::Default },
+            name: name.to_string(),
+            value,
+            read_only: true,
+            config_type,
+            doc: "",
+            synonyms: Vec::new(),
+        })
+        .collect()
+}
+
+fn broker_synonyms(ctx: &RequestContext, dynamic: &DynamicBrokerConfigs, synonym: &str) -> Vec<(String, String, ConfigSource)> {
+    let mut out = Vec::new();
+    if let Some(v) = dynamic.this_broker.get(synonym) {
+        out.push((synonym.to_string(), v.clone(), ConfigSource::DynamicBroker));
+    }
+    if let Some(v) = dynamic.cluster_default.get(synonym) {
+        out.push((synonym.to_string(), v.clone(), ConfigSource::DynamicDefaultBroker));
+    }
+    let (v, s) = topic_config::broker_value(ctx.state.config(), &DynamicBrokerConfigs::default(), synonym);
+    out.push((synonym.to_string(), v, s));
+    out
+}
+
+fn topic_entries(ctx: &RequestContext, overrides: &BTreeMap<String, String>) -> Vec<Entry> {
+    let dynamic = ctx.state.replicas.dynamic_configs();
+    TOPIC_CONFIGS
+        .iter()
+        .map(|key| {
+            let (value, source) = topic_config::topic_value(ctx.state.config(), &dynamic, overrides, key);
+            let mut synonyms = Vec::new();
+            if let Some(v) = overrides.get(key.name) {
+                synonyms.push((key.name.to_string(), v.clone(), ConfigSource::DynamicTopic));
+            }
+            synonyms.extend(broker_synonyms(ctx, &dynamic, key.broker_synonym));
+            Entry { name: key.name.to_string(), value, source, read_only: false, config_type: key.config_type, doc: key.doc, synonyms }
+        })
+        .collect()
+}
+
+fn broker_entries(ctx: &RequestContext) -> Vec<Entry> {
+    let dynamic = ctx.state.replicas.dynamic_configs();
+    let mut entries = static_broker_entries(ctx);
+    for key in TOPIC_CONFIGS {
+        let (value, source) = topic_config::broker_value(ctx.state.config(), &dynamic, key.broker_synonym);
+        entries.push(Entry {
+            name: key.broker_synonym.to_string(),
+            value,
+            source,
+            read_only: !topic_config::is_dynamic_broker_key(key.broker_synonym),
+            config_type: key.config_type,
+            doc: key.doc,
+            synonyms: broker_synonyms(ctx, &dynamic, key.broker_synonym),
+        });
+    }
+    entries
+}
+
+pub fn describe(ctx: &RequestContext, req: DescribeConfigsRequest) -> DescribeConfigsResponse {
+    let node = ctx.state.config().node_id.to_string();
+    let results = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let name = r.resource_name.to_string();
+            let base = DescribeConfigsResult::default().with_resource_type(r.resource_type).with_resource_name(r.resource_name.clone());
+            let entries = match r.resource_type {
+                RESOURCE_TOPIC => match ctx.state.replicas.topic(&name) {
+                    Some(t) => Ok(topic_entries(ctx, &t.configs)),
+                    None => Err((ResponseError::UnknownTopicOrPartition, format!("topic {name} does not exist"))),
+                },
+                RESOURCE_BROKER if name.is_empty() || name == node => Ok(broker_entries(ctx)),
+                RESOURCE_BROKER => Err((ResponseError::InvalidRequest, format!("this is broker {node}, not {name}"))),
+                other => Err((ResponseError::InvalidRequest, format!("resource type {other} is not supported"))),
+            };
+            match entries {
+                Err((code, msg)) => base.with_error_code(code.code()).with_error_message(Some(StrBytes::from_string(msg))),
+                Ok(entries) => {
+                    let wanted: Option<Vec<String>> = r.configuration_keys.map(|k| k.iter().map(|s| s.to_string()).collect());
+                    let configs = entries
+                        .into_iter()
+                        .filter(|e| wanted.as_ref().is_none_or(|w| w.contains(&e.name)))
+                        .map(|e| {
+                            let synonyms = if req.include_synonyms {
+                                e.synonyms
+                                    .iter()
+                                    .map(|(n, v, s)| {
+                                        DescribeConfigsSynonym::default()
+                                            .with_name(str_bytes(n))
+                                            .with_value(Some(str_bytes(v)))
+                                            .with_source(*s as i8)
+                                    })
+                                    .collect()
+                            } else {
+                                Vec::new()
+                            };
+                            DescribeConfigsResourceResult::default()
+                                .with_name(StrBytes::from_string(e.name))
+                                .with_value(Some(StrBytes::from_string(e.value)))
+                                .with_read_only(e.read_only)
+                                .with_config_source(e.source as i8)
+                                .with_is_sensitive(false)
+                                .with_synonyms(synonyms)
+                                .with_config_type(e.config_type as i8)
+                                .with_documentation(if req.include_documentation { Some(str_bytes(e.doc)) } else { None })
+                        })
+                        .collect();
+                    base.with_error_code(0).with_configs(configs)
+                }
+            }
+        })
+        .collect();
+    DescribeConfigsResponse::default().with_results(results)
+}
+
+/// Applies one resource's operations to `current`, returning the new overrides.
+fn apply_ops(
+    current: &BTreeMap<String, String>,
+    ops: &[incremental_alter_configs_request::AlterableConfig],
+    validate: impl Fn(&str, &str) -> Result<String, String>,
+    is_list: impl Fn(&str) -> bool,
+) -> Result<BTreeMap<String, String>, String> {
+    let mut next = current.clone();
+    let mut seen = std::collections::HashSet::new();
+    for op in ops {
+        let name = op.name.to_string();
+        if !seen.insert(name.clone()) {
+            return Err(format!("{name} appears more than once"));
+        }
+        let value = op.value.as_ref().map(|v| v.to_string());
+        match op.config_operation {
+            OP_SET => {
+                let v = value.ok_or_else(|| format!("SET of {name} needs a value"))?;
+                next.insert(name.clone(), validate(&name, &v)?);
+            }
+            OP_DELETE => {
+                validate(&name, "").or_else(|e| if e.starts_with("unknown") { Err(e) } else { Ok(String::new()) })?;
+                next.remove(&name);
+            }
+            OP_APPEND | OP_SUBTRACT => {
+                if !is_list(&name) {
+                    return Err(format!("{name} is not a list; APPEND and SUBTRACT apply only to lists"));
+                }
+                let v = value.ok_or_else(|| format!("operation on {name} needs a value"))?;
+                let existing = next.get(&name).cloned().unwrap_or_default();
+                let mut items: Vec<String> = existing.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+                for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    if op.config_operation == OP_APPEND {
+                        if !items.iter().any(|i| i == item) {
+                            items.push(item.to_string());
+                        }
+                    } else {
+                        items.retain(|i| i != item);
+                    }
+                }
+                if items.is_empty() {
+                    next.remove(&name);
+                } else {
+                    next.insert(name.clone(), validate(&name, &items.join(","))?);
+                }
+            }
+            other => return Err(format!("unknown config operation {other}")),
+        }
+    }
+    Ok(next)
+}
+
+pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
+    let node = ctx.state.config().node_id.to_string();
+    let responses = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let name = r.resource_name.to_string();
+            let is_list = |k: &str| k == "cleanup.policy" || k == "log.cleanup.policy";
+            let outcome: Result<(), (i16, String)> = match r.resource_type {
+                RESOURCE_TOPIC => (|| {
+                    let topic = ctx.state.replicas.topic(&name).ok_or_else(|| {
+                        (ResponseError::UnknownTopicOrPartition.code(), format!("topic {name} does not exist"))
+                    })?;
+                    let next = apply_ops(&topic.configs, &r.configs, topic_config::validate_topic_value, is_list)
+                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    if req.validate_only {
+                        return Ok(());
+                    }
+                    ctx.state.replicas.set_topic_configs(&name, next).map_err(|e: TopicError| (error::topic_code(&e), e.to_string()))
+                })(),
+                RESOURCE_BROKER if name.is_empty() || name == node => (|| {
+                    let dynamic = ctx.state.replicas.dynamic_configs();
+                    let cluster_default = name.is_empty();
+                    let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
+                    let validate = |k: &str, v: &str| {
+                        if !topic_config::is_dynamic_broker_key(k) {
+                            return Err(format!("unknown or read-only broker config {k}; dynamic ones are the log.* topic defaults"));
+                        }
+                        let topic_key = TOPIC_CONFIGS.iter().find(|t| t.broker_synonym == k).expect("dynamic keys are synonyms");
+                        topic_config::validate_topic_value(topic_key.name, v)
+                    };
+                    let next = apply_ops(current, &r.configs, validate, is_list).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    if req.validate_only {
+                        return Ok(());
+                    }
+                    ctx.state
+                        .replicas
+                        .set_dynamic_broker_configs(cluster_default, next)
+                        .map_err(|e| (error::topic_code(&e), e.to_string()))
+                })(),
+                RESOURCE_BROKER => Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}"))),
+                other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
+            };
+            let base = AlterConfigsResourceResponse::default().with_resource_type(r.resource_type).with_resource_name(r.resource_name);
+            match outcome {
+                Ok(()) => base.with_error_code(0),
+                Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
+            }
+        })
+        .collect();
+    IncrementalAlterConfigsResponse::default().with_responses(responses)
+}

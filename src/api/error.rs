@@ -1,0 +1,64 @@
+//! The one place internal errors become Kafka error codes.
+
+use kafka_protocol::error::ResponseError;
+use strand_storage::batch::BatchError;
+use strand_storage::StorageError;
+
+use crate::replica::{PartitionError, TopicError};
+
+pub fn code(e: ResponseError) -> i16 {
+    e.code()
+}
+
+pub const NONE: i16 = 0;
+
+pub fn storage_code(e: &StorageError) -> i16 {
+    let r = match e {
+        StorageError::InvalidBatch(b) => return batch_code(b),
+        StorageError::BatchTooLarge { .. } => ResponseError::MessageTooLarge,
+        StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
+        StorageError::Io { .. } => ResponseError::KafkaStorageError,
+        StorageError::CorruptBehindRecoveryPoint { .. } | StorageError::CorruptFile { .. } => ResponseError::KafkaStorageError,
+        #[allow(unreachable_patterns)]
+        _ => ResponseError::UnknownServerError,
+    };
+    r.code()
+}
+
+/// A bad CRC or framing is a corrupt message (retriable: the client re-sends
+/// intact bytes); wrong magic or inconsistent offsets are invalid records.
+pub fn batch_code(e: &BatchError) -> i16 {
+    match e {
+        BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } | BatchError::LengthTooSmall { .. } => {
+            ResponseError::CorruptMessage.code()
+        }
+        BatchError::UnsupportedMagic { .. } | BatchError::InvalidOffsets { .. } | BatchError::UnknownCompression { .. } => {
+            ResponseError::InvalidRecord.code()
+        }
+    }
+}
+
+pub fn partition_code(e: &PartitionError) -> i16 {
+    match e {
+        PartitionError::Gone => ResponseError::UnknownTopicOrPartition.code(),
+        PartitionError::Storage(s) => storage_code(s),
+    }
+}
+
+pub fn topic_code(e: &TopicError) -> i16 {
+    let r = match e {
+        TopicError::AlreadyExists(_) => ResponseError::TopicAlreadyExists,
+        TopicError::Unknown(_) => ResponseError::UnknownTopicOrPartition,
+        TopicError::UnknownId(_) => ResponseError::UnknownTopicId,
+        TopicError::InvalidName(_) => ResponseError::InvalidTopicException,
+        TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions(_) => ResponseError::InvalidPartitions,
+        TopicError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
+        TopicError::InvalidReplicaAssignment(_) => ResponseError::InvalidReplicaAssignment,
+        TopicError::InvalidConfig(_) => ResponseError::InvalidConfig,
+        TopicError::InvalidRequest(_) => ResponseError::InvalidRequest,
+        TopicError::DeletionDisabled => ResponseError::TopicDeletionDisabled,
+        TopicError::Storage(s) => return storage_code(s),
+        TopicError::Metadata(_) => ResponseError::KafkaStorageError,
+    };
+    r.code()
+}

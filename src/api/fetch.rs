@@ -1,0 +1,211 @@
+//! Fetch: whole batches straight from segment files (positioned reads of file
+//! slices, never decoded), bounded by partition and response byte limits, with
+//! the max_wait_ms/min_bytes long poll woken by appends, and incremental fetch
+//! sessions (KIP-227).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::future::select_all;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use super::fetch_session::{CachedPartition, PartitionKey, SessionError, SessionPlan, TopicKey};
+use super::{error, str_bytes, RequestContext};
+use crate::replica::{Partition, PartitionOffsets};
+
+/// Upper bound on a long poll whatever the client asks, so a hostile max_wait_ms
+/// cannot pin a connection forever.
+const MAX_WAIT_MS_CAP: i32 = 5 * 60 * 1000;
+
+struct Target {
+    key: PartitionKey,
+    cached: CachedPartition,
+    topic_name: String,
+    topic_id: Uuid,
+    partition: Result<Arc<Partition>, i16>,
+}
+
+struct PartitionResult {
+    error_code: i16,
+    offsets: Option<PartitionOffsets>,
+    records: Vec<u8>,
+}
+
+pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
+    let uses_ids = ctx.version >= 13;
+    let read_committed = req.isolation_level == 1;
+    let topic_key = |name: &TopicName, id: Uuid| if uses_ids { TopicKey::Id(id) } else { TopicKey::Name(name.0.to_string()) };
+    let mut requested = Vec::new();
+    for t in &req.topics {
+        let key = topic_key(&t.topic, t.topic_id);
+        for p in &t.partitions {
+            requested.push(((key.clone(), p.partition), CachedPartition::new(p.fetch_offset, p.partition_max_bytes)));
+        }
+    }
+    let mut forgotten = Vec::new();
+    for t in &req.forgotten_topics_data {
+        let key = topic_key(&t.topic, t.topic_id);
+        forgotten.extend(t.partitions.iter().map(|p| (key.clone(), *p)));
+    }
+    let plan = ctx.state.lock_fetch_sessions().plan(req.session_id, req.session_epoch, &requested, &forgotten);
+    let (session_id, incremental, partitions) = match plan {
+        Ok(SessionPlan::Sessionless) => (0, false, requested),
+        Ok(SessionPlan::Full { id }) => (id, false, requested),
+        Ok(SessionPlan::Incremental { id, partitions }) => (id, true, partitions),
+        Err(e) => {
+            let code = match e {
+                SessionError::NotFound => ResponseError::FetchSessionIdNotFound,
+                SessionError::InvalidEpoch => ResponseError::InvalidFetchSessionEpoch,
+            };
+            return FetchResponse::default().with_error_code(code.code()).with_session_id(0);
+        }
+    };
+
+    let targets: Vec<Target> = partitions.into_iter().map(|(key, cached)| resolve(ctx, key, cached, uses_ids)).collect();
+    let response_max_bytes = (req.max_bytes.max(0) as usize).min(ctx.state.config().fetch_max_bytes);
+    let min_bytes = req.min_bytes.max(0) as usize;
+    let deadline = Instant::now() + Duration::from_millis(req.max_wait_ms.clamp(0, MAX_WAIT_MS_CAP) as u64);
+    let mut shutdown = ctx.shutdown.clone();
+
+    let results = loop {
+        // Subscribe before reading so an append between the read and the wait is not missed.
+        let mut watchers: Vec<_> = targets.iter().filter_map(|t| t.partition.as_ref().ok()).map(|p| p.subscribe()).collect();
+        for w in &mut watchers {
+            w.borrow_and_update();
+        }
+        let results = read_all(&targets, response_max_bytes, read_committed);
+        let bytes: usize = results.iter().map(|r| r.records.len()).sum();
+        let any_error = results.iter().any(|r| r.error_code != 0);
+        if bytes >= min_bytes || any_error || watchers.is_empty() || Instant::now() >= deadline || *shutdown.borrow() {
+            break results;
+        }
+        let changed = select_all(watchers.iter_mut().map(|w| Box::pin(w.changed())));
+        tokio::select! {
+            _ = changed => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = shutdown.changed() => {}
+        }
+    };
+
+    // Build the response, grouping consecutive partitions of one topic.
+    let mut responses: Vec<FetchableTopicResponse> = Vec::new();
+    let mut sessions = ctx.state.lock_fetch_sessions();
+    for (target, result) in targets.iter().zip(results) {
+        let offsets = result.offsets.unwrap_or(PartitionOffsets {
+            log_start_offset: -1,
+            high_watermark: -1,
+            last_stable_offset: -1,
+            log_end_offset: -1,
+        });
+        let had_data = !result.records.is_empty();
+        if incremental {
+            let c = &target.cached;
+            let changed = had_data
+                || result.error_code != 0
+                || offsets.high_watermark != c.high_watermark
+                || offsets.last_stable_offset != c.last_stable_offset
+                || offsets.log_start_offset != c.log_start_offset;
+            if !changed {
+                continue;
+            }
+        }
+        if session_id != 0 {
+            sessions.record_sent(session_id, &target.key, offsets.high_watermark, offsets.last_stable_offset, offsets.log_start_offset, had_data);
+        }
+        let data = PartitionData::default()
+            .with_partition_index(target.key.1)
+            .with_error_code(result.error_code)
+            .with_high_watermark(offsets.high_watermark)
+            .with_last_stable_offset(offsets.last_stable_offset)
+            .with_log_start_offset(offsets.log_start_offset)
+            .with_aborted_transactions(if read_committed { Some(Vec::new()) } else { None })
+            .with_preferred_read_replica(BrokerId(-1))
+            .with_records(Some(Bytes::from(result.records)));
+        let same_topic = responses.last().is_some_and(|last| {
+            if uses_ids {
+                last.topic_id == target.topic_id && target.topic_id != Uuid::nil()
+            } else {
+                last.topic.0.as_str() == target.topic_name
+            }
+        });
+        if !same_topic {
+            let mut t = FetchableTopicResponse::default();
+            if uses_ids {
+                t = t.with_topic_id(target.topic_id);
+            } else {
+                t = t.with_topic(TopicName(str_bytes(&target.topic_name)));
+            }
+            responses.push(t);
+        }
+        responses.last_mut().expect("pushed above").partitions.push(data);
+    }
+    drop(sessions);
+    FetchResponse::default().with_error_code(0).with_session_id(session_id).with_responses(responses)
+}
+
+fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, uses_ids: bool) -> Target {
+    let replicas = &ctx.state.replicas;
+    let (topic, name, id) = match &key.0 {
+        TopicKey::Id(id) => {
+            let t = replicas.topic_by_id(id);
+            let name = t.as_ref().map(|t| t.name.clone()).unwrap_or_default();
+            (t, name, *id)
+        }
+        TopicKey::Name(n) => {
+            let t = replicas.topic(n);
+            let id = t.as_ref().map(|t| t.id).unwrap_or(Uuid::nil());
+            (t, n.clone(), id)
+        }
+    };
+    let unknown = if uses_ids { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }.code();
+    let partition = match topic {
+        None => Err(unknown),
+        Some(t) => usize::try_from(key.1)
+            .ok()
+            .and_then(|i| t.partitions.get(i).cloned())
+            .ok_or(ResponseError::UnknownTopicOrPartition.code()),
+    };
+    Target { key, cached, topic_name: name, topic_id: id, partition }
+}
+
+/// Reads every target in order within the response byte budget. The first
+/// partition with data may exceed the budget by one batch, as in Kafka, so a
+/// consumer always makes progress.
+fn read_all(targets: &[Target], response_max_bytes: usize, read_committed: bool) -> Vec<PartitionResult> {
+    let mut remaining = response_max_bytes;
+    let mut total = 0usize;
+    targets
+        .iter()
+        .map(|t| {
+            let partition = match &t.partition {
+                Ok(p) => p,
+                Err(code) => return PartitionResult { error_code: *code, offsets: None, records: Vec::new() },
+            };
+            let max_bytes = (t.cached.max_bytes.max(0) as usize).min(remaining);
+            let min_one = total == 0;
+            match partition.read(t.cached.fetch_offset, max_bytes, read_committed, min_one) {
+                Ok((info, offsets)) => {
+                    let mut records = Vec::with_capacity(info.bytes);
+                    for slice in &info.slices {
+                        if let Err(e) = slice.read_into(&mut records) {
+                            tracing::error!(topic = %t.topic_name, partition = t.key.1, error = %e, "segment read failed");
+                            return PartitionResult { error_code: error::storage_code(&e), offsets: Some(offsets), records: Vec::new() };
+                        }
+                    }
+                    remaining = remaining.saturating_sub(records.len());
+                    total += records.len();
+                    PartitionResult { error_code: 0, offsets: Some(offsets), records }
+                }
+                Err(e) => {
+                    let offsets = partition.offsets().ok();
+                    PartitionResult { error_code: error::partition_code(&e), offsets, records: Vec::new() }
+                }
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,122 @@
+//! Metadata: brokers, cluster id, controller, and topics with their
+//! partitions. Unknown topics are auto-created when the broker and the
+//! request both allow it.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
+use uuid::Uuid;
+
+use super::{error, str_bytes, RequestContext};
+use crate::replica::{validate_topic_name, Topic, TopicError};
+
+/// Kafka's sentinel for "authorized operations not requested".
+const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+
+pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
+    let state = &ctx.state;
+    let config = state.config();
+    let node = config.node_id;
+    let advertised = config.advertised_for(&ctx.listener);
+    let broker = MetadataResponseBroker::default()
+        .with_node_id(BrokerId(node))
+        .with_host(str_bytes(&advertised.host))
+        .with_port(advertised.port as i32)
+        .with_rack(None);
+    // v0 uses an empty list for "all topics"; v1+ uses null.
+    let requested = match req.topics {
+        None => None,
+        Some(t) if t.is_empty() && ctx.version == 0 => None,
+        Some(t) => Some(t),
+    };
+    let topics_snapshot = state.replicas.topics();
+    let mut topics = Vec::new();
+    match requested {
+        None => {
+            let mut all: Vec<_> = topics_snapshot.by_name.values().cloned().collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            topics.extend(all.iter().map(|t| topic_metadata(t, node)));
+        }
+        Some(list) => {
+            // v4+ carries the flag; earlier versions always allowed auto-creation.
+            let allow_auto = ctx.version < 4 || req.allow_auto_topic_creation;
+            for requested in list {
+                let by_id = requested.topic_id != Uuid::nil();
+                match (&requested.name, by_id) {
+                    (_, true) => match state.replicas.topic_by_id(&requested.topic_id) {
+                        Some(t) => topics.push(topic_metadata(&t, node)),
+                        None => topics.push(topic_error(None, requested.topic_id, ResponseError::UnknownTopicId.code())),
+                    },
+                    (Some(name), false) => {
+                        let name_str = name.0.as_str();
+                        if let Some(t) = state.replicas.topic(name_str) {
+                            topics.push(topic_metadata(&t, node));
+                            continue;
+                        }
+                        if let Err(e) = validate_topic_name(name_str) {
+                            topics.push(topic_error(Some(name.clone()), Uuid::nil(), error::topic_code(&e)));
+                            continue;
+                        }
+                        if allow_auto && config.auto_create_topics_enable && !name_str.starts_with("__") {
+                            match state.replicas.create_topic(name_str, -1, -1, Default::default(), false) {
+                                Ok(t) => topics.push(topic_metadata(&t, node)),
+                                // Lost a race with another creator: report what exists now.
+                                Err(TopicError::AlreadyExists(_)) => match state.replicas.topic(name_str) {
+                                    Some(t) => topics.push(topic_metadata(&t, node)),
+                                    None => topics.push(topic_error(Some(name.clone()), Uuid::nil(), ResponseError::LeaderNotAvailable.code())),
+                                },
+                                Err(e) => {
+                                    tracing::warn!(topic = name_str, error = %e, "auto-creation failed");
+                                    topics.push(topic_error(Some(name.clone()), Uuid::nil(), error::topic_code(&e)));
+                                }
+                            }
+                        } else {
+                            topics.push(topic_error(Some(name.clone()), Uuid::nil(), ResponseError::UnknownTopicOrPartition.code()));
+                        }
+                    }
+                    (None, false) => {
+                        topics.push(topic_error(None, Uuid::nil(), ResponseError::InvalidRequest.code()));
+                    }
+                }
+            }
+        }
+    }
+    MetadataResponse::default()
+        .with_brokers(vec![broker])
+        .with_cluster_id(Some(str_bytes(&state.replicas.cluster_id)))
+        .with_controller_id(BrokerId(node))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn topic_error(name: Option<TopicName>, id: Uuid, code: i16) -> MetadataResponseTopic {
+    MetadataResponseTopic::default()
+        .with_error_code(code)
+        .with_name(name)
+        .with_topic_id(id)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn topic_metadata(t: &Topic, node: i32) -> MetadataResponseTopic {
+    let partitions = t
+        .partitions
+        .iter()
+        .map(|p| {
+            MetadataResponsePartition::default()
+                .with_error_code(0)
+                .with_partition_index(p.index)
+                .with_leader_id(BrokerId(node))
+                .with_leader_epoch(p.leader_epoch)
+                .with_replica_nodes(vec![BrokerId(node)])
+                .with_isr_nodes(vec![BrokerId(node)])
+                .with_offline_replicas(vec![])
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_error_code(0)
+        .with_name(Some(TopicName(str_bytes(&t.name))))
+        .with_topic_id(t.id)
+        .with_is_internal(t.internal)
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}

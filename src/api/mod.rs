@@ -1,0 +1,134 @@
+//! Request dispatch: decode one frame, route it to its handler, encode the
+//! response. One file per API; error codes come only from [`error`], versions
+//! only from [`versions`].
+
+pub mod admin;
+pub mod api_versions;
+pub mod configs;
+pub mod error;
+pub mod fetch;
+pub mod fetch_session;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+pub mod versions;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::{Decodable, Encodable};
+use tokio::sync::watch;
+
+use crate::broker::BrokerState;
+
+/// What a connection knows about itself, for handlers.
+pub struct RequestContext {
+    pub state: Arc<BrokerState>,
+    pub listener: String,
+    pub peer: SocketAddr,
+    pub version: i16,
+    pub header: RequestHeader,
+    /// Flips to true on broker shutdown; long polls end early.
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What the connection does after a request.
+pub enum Outcome {
+    /// Send these bytes (a whole frame, size prefix included).
+    Respond(BytesMut),
+    /// acks=0 produce: nothing is sent.
+    NoResponse,
+    /// Close the connection, logging the reason.
+    Close(String),
+}
+
+/// Handles one request frame (without its size prefix).
+pub async fn handle(state: &Arc<BrokerState>, listener: &str, peer: SocketAddr, frame: Bytes, shutdown: &watch::Receiver<bool>) -> Outcome {
+    // api_key (2) + api_version (2) + correlation_id (4) before anything else.
+    if frame.len() < 8 {
+        return Outcome::Close(format!("request of {} bytes is shorter than a request header", frame.len()));
+    }
+    let api_key_raw = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    let Ok(api_key) = ApiKey::try_from(api_key_raw) else {
+        return Outcome::Close(format!("unknown API key {api_key_raw}"));
+    };
+    if !versions::is_supported(api_key, version) {
+        if api_key == ApiKey::ApiVersions {
+            // KIP-511: answer with v0 and UNSUPPORTED_VERSION so the client can retry with a version we list.
+            let body = api_versions::unsupported_version_response();
+            return Outcome::Respond(encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body)));
+        }
+        return Outcome::Close(match versions::supported_range(api_key) {
+            Some((lo, hi)) => format!("{api_key:?} version {version} is not supported (supported: {lo}..={hi})"),
+            None => format!("{api_key:?} is not supported"),
+        });
+    }
+    let mut body = frame;
+    let header_version = api_key.request_header_version(version);
+    let header = match RequestHeader::decode(&mut body, header_version) {
+        Ok(h) => h,
+        Err(e) => return Outcome::Close(format!("cannot decode {api_key:?} v{version} request header: {e}")),
+    };
+    let request = match RequestKind::decode(api_key, &mut body, version) {
+        Ok(r) => r,
+        Err(e) => return Outcome::Close(format!("cannot decode {api_key:?} v{version} request: {e}")),
+    };
+    let ctx = RequestContext {
+        state: state.clone(),
+        listener: listener.to_string(),
+        peer,
+        version,
+        header,
+        shutdown: shutdown.clone(),
+    };
+    let response = match request {
+        RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(&ctx, r)),
+        RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(&ctx, r)),
+        RequestKind::Produce(r) => match produce::handle(&ctx, r) {
+            produce::ProduceOutcome::Respond(resp) => ResponseKind::Produce(resp),
+            produce::ProduceOutcome::NoResponse => return Outcome::NoResponse,
+            produce::ProduceOutcome::Close(reason) => return Outcome::Close(reason),
+        },
+        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(&ctx, r).await),
+        RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(&ctx, r)),
+        RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(admin::create_topics(&ctx, r)),
+        RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(admin::delete_topics(&ctx, r)),
+        RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
+        RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
+        RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
+        RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
+        RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r)),
+        other => {
+            // versions::SUPPORTED and this match must agree; a mismatch is a bug, not bad input.
+            return Outcome::Close(format!("no handler for {:?}", std::mem::discriminant(&other)));
+        }
+    };
+    let response_header_version = api_key.response_header_version(version);
+    Outcome::Respond(encode(correlation_id, response_header_version, api_key, version, &response))
+}
+
+/// Encodes a response frame: size prefix, response header, body.
+fn encode(correlation_id: i32, header_version: i16, api_key: ApiKey, version: i16, body: &ResponseKind) -> BytesMut {
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    let mut buf = BytesMut::with_capacity(64);
+    buf.put_i32(0);
+    // Encoding our own well-formed structs can only fail on a programming error
+    // (a field not valid at this version); that is worth a loud failure in tests.
+    header.encode(&mut buf, header_version).expect("response header encodes");
+    if let Err(e) = body.encode(&mut buf, version) {
+        tracing::error!(?api_key, version, error = %e, "response encoding failed");
+        debug_assert!(false, "response encoding failed: {e}");
+    }
+    let size = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&size.to_be_bytes());
+    buf
+}
+
+/// Converts a `&str` into the protocol's string type.
+pub fn str_bytes(s: &str) -> kafka_protocol::protocol::StrBytes {
+    kafka_protocol::protocol::StrBytes::from_string(s.to_string())
+}

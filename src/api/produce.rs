@@ -1,0 +1,148 @@
+//! Produce: validate each partition's batches once (header + CRC-32C, no
+//! record decoding), assign offsets, append the client's bytes.
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::protocol::StrBytes;
+use strand_storage::batch;
+use uuid::Uuid;
+
+use super::{error, RequestContext};
+use crate::replica::{PartitionError, Topic};
+use crate::util::now_ms;
+
+pub enum ProduceOutcome {
+    Respond(ProduceResponse),
+    NoResponse,
+    /// acks=0 with an error: Kafka closes the connection so the client notices.
+    Close(String),
+}
+
+struct PartitionResult {
+    index: i32,
+    error_code: i16,
+    message: Option<String>,
+    base_offset: i64,
+    log_start_offset: i64,
+}
+
+impl PartitionResult {
+    fn error(index: i32, error_code: i16, message: Option<String>) -> Self {
+        PartitionResult { index, error_code, message, base_offset: -1, log_start_offset: -1 }
+    }
+}
+
+pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
+    let acks = req.acks;
+    let mut responses = Vec::with_capacity(req.topic_data.len());
+    let mut first_error: Option<String> = None;
+    for topic_data in req.topic_data {
+        // v13+ names topics by id (KIP-516), earlier versions by name.
+        let topic: Option<std::sync::Arc<Topic>> = if ctx.version >= 13 {
+            ctx.state.replicas.topic_by_id(&topic_data.topic_id)
+        } else {
+            ctx.state.replicas.topic(topic_data.name.0.as_str())
+        };
+        let unknown_code = if ctx.version >= 13 { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }.code();
+        let mut partition_results = Vec::with_capacity(topic_data.partition_data.len());
+        for pd in topic_data.partition_data {
+            let result = if !matches!(acks, -1 | 0 | 1) {
+                PartitionResult::error(pd.index, ResponseError::InvalidRequiredAcks.code(), Some(format!("acks={acks} is not 0, 1 or -1")))
+            } else {
+                match &topic {
+                    None => PartitionResult::error(pd.index, unknown_code, None),
+                    Some(t) => produce_partition(t, pd.index, pd.records, acks),
+                }
+            };
+            if result.error_code != 0 && first_error.is_none() {
+                first_error = Some(format!(
+                    "{} partition {}: {}",
+                    topic_data.name.0.as_str(),
+                    result.index,
+                    result.message.clone().unwrap_or_else(|| format!("error code {}", result.error_code))
+                ));
+            }
+            partition_results.push(result);
+        }
+        let partition_responses = partition_results
+            .into_iter()
+            .map(|r| {
+                PartitionProduceResponse::default()
+                    .with_index(r.index)
+                    .with_error_code(r.error_code)
+                    .with_base_offset(r.base_offset)
+                    .with_log_append_time_ms(-1)
+                    .with_log_start_offset(r.log_start_offset)
+                    .with_error_message(r.message.map(StrBytes::from_string))
+            })
+            .collect();
+        let mut resp = TopicProduceResponse::default().with_partition_responses(partition_responses);
+        if ctx.version >= 13 {
+            resp = resp.with_topic_id(topic_data.topic_id);
+        } else {
+            resp = resp.with_name(topic_data.name).with_topic_id(Uuid::nil());
+        }
+        responses.push(resp);
+    }
+    if acks == 0 {
+        return match first_error {
+            Some(e) => ProduceOutcome::Close(format!("acks=0 produce failed: {e}")),
+            None => ProduceOutcome::NoResponse,
+        };
+    }
+    ProduceOutcome::Respond(ProduceResponse::default().with_responses(responses))
+}
+
+fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, acks: i16) -> PartitionResult {
+    let Some(partition) = usize::try_from(index).ok().and_then(|i| topic.partitions.get(i)) else {
+        return PartitionResult::error(index, ResponseError::UnknownTopicOrPartition.code(), None);
+    };
+    let records = match records {
+        Some(r) if !r.is_empty() => r,
+        _ => return PartitionResult::error(index, ResponseError::InvalidRecord.code(), Some("no record batches".into())),
+    };
+    // Producer ids belong to idempotent and transactional producers, which need
+    // sequence tracking this broker does not do yet; refusing is honest, silently
+    // appending would break their guarantees.
+    let mut position = 0;
+    while position < records.len() {
+        match batch::peek_header(&records[position..], position) {
+            Ok((header, total)) => {
+                if header.producer_id() >= 0 || header.is_transactional() {
+                    return PartitionResult::error(
+                        index,
+                        ResponseError::InvalidRecord.code(),
+                        Some("idempotent and transactional producers are not supported yet".into()),
+                    );
+                }
+                position += total;
+            }
+            Err(e) => return PartitionResult::error(index, error::batch_code(&e), Some(e.to_string())),
+        }
+    }
+    if acks == -1 && partition.isr_size() < partition.min_insync_replicas() {
+        return PartitionResult::error(
+            index,
+            ResponseError::NotEnoughReplicas.code(),
+            Some(format!("{} in-sync replica(s), min.insync.replicas={}", partition.isr_size(), partition.min_insync_replicas())),
+        );
+    }
+    // The request buffer is shared; the offsets are patched into a private copy.
+    let mut owned = records.to_vec();
+    match partition.append(&mut owned, now_ms()) {
+        Ok(info) => PartitionResult {
+            index,
+            error_code: 0,
+            message: None,
+            base_offset: info.base_offset,
+            log_start_offset: info.log_start_offset,
+        },
+        Err(e) => {
+            if let PartitionError::Storage(s) = &e {
+                tracing::debug!(topic = %topic.name, partition = index, error = %s, "produce refused");
+            }
+            PartitionResult::error(index, error::partition_code(&e), Some(e.to_string()))
+        }
+    }
+}

@@ -1,0 +1,399 @@
+//! `server.properties` parsing into a typed [`BrokerConfig`].
+//!
+//! The format is Java's properties format as Kafka uses it: `key=value` (or
+//! `key: value`), `#` and `!` comments, blank lines. Keys keep Kafka's names
+//! and defaults. An unknown key is logged and ignored; an invalid value
+//! refuses start-up with an error naming the key and the line.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use strand_storage::LogConfig;
+
+/// A config error that names what is wrong and where.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{origin}: invalid value {value:?} for {key}: {reason}")]
+    Invalid { origin: String, key: String, value: String, reason: String },
+    #[error("{origin}: cannot parse line {line:?}: expected key=value")]
+    Syntax { origin: String, line: String },
+    #[error("invalid override {0:?}: expected key=value")]
+    Override(String),
+}
+
+/// One listener, e.g. `PLAINTEXT://127.0.0.1:9092`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    pub name: String,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Listener {
+    fn parse(text: &str) -> Result<Listener, String> {
+        let (name, rest) = text.split_once("://").ok_or("expected NAME://host:port")?;
+        let (host, port) = rest.rsplit_once(':').ok_or("expected NAME://host:port")?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port.parse().map_err(|_| format!("bad port {port:?}"))?;
+        if name.is_empty() {
+            return Err("listener name is empty".into());
+        }
+        Ok(Listener { name: name.to_string(), host: host.to_string(), port })
+    }
+
+    /// Address to bind; an empty host means all interfaces.
+    pub fn bind_addr(&self) -> Result<SocketAddr, String> {
+        let host = if self.host.is_empty() { "0.0.0.0" } else { &self.host };
+        let host = if host == "localhost" { "127.0.0.1" } else { host };
+        format!("{host}:{}", self.port)
+            .parse()
+            .or_else(|_| format!("[{host}]:{}", self.port).parse())
+            .map_err(|_| format!("cannot bind to host {host:?} (give an IP address)"))
+    }
+}
+
+/// The broker's settings. Field names follow Kafka's keys; units come last.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub node_id: i32,
+    /// Listeners the broker binds (PLAINTEXT only).
+    pub listeners: Vec<Listener>,
+    /// Listeners given to clients in Metadata; defaults to `listeners`.
+    pub advertised_listeners: Vec<Listener>,
+    pub log_dir: PathBuf,
+    pub num_partitions: i32,
+    pub default_replication_factor: i16,
+    pub auto_create_topics_enable: bool,
+    pub delete_topic_enable: bool,
+    /// Defaults for every topic's log (`log.*` keys).
+    pub log: LogConfig,
+    pub log_cleanup_policy: String,
+    pub min_insync_replicas: i32,
+    pub log_retention_check_interval_ms: u64,
+    pub socket_request_max_bytes: usize,
+    pub max_connections: usize,
+    /// Tokio worker threads; `num.io.threads` in Kafka terms. 0 = one per core.
+    pub num_io_threads: usize,
+    /// Largest number of fetch sessions cached (`max.incremental.fetch.session.cache.slots`).
+    pub fetch_session_cache_slots: usize,
+    /// Upper bound on a fetch response, whatever the client asks (`fetch.max.bytes`).
+    pub fetch_max_bytes: usize,
+    /// Where each key came from, for DescribeConfigs.
+    pub explicit_keys: BTreeMap<String, String>,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        let listener = Listener { name: "PLAINTEXT".into(), host: "127.0.0.1".into(), port: 9092 };
+        BrokerConfig {
+            node_id: 1,
+            listeners: vec![listener.clone()],
+            advertised_listeners: vec![listener],
+            log_dir: PathBuf::from("./data"),
+            num_partitions: 1,
+            default_replication_factor: 1,
+            auto_create_topics_enable: true,
+            delete_topic_enable: true,
+            log: LogConfig::default(),
+            log_cleanup_policy: "delete".into(),
+            min_insync_replicas: 1,
+            log_retention_check_interval_ms: 300_000,
+            socket_request_max_bytes: 104_857_600,
+            max_connections: 10_000,
+            num_io_threads: 0,
+            fetch_session_cache_slots: 1000,
+            fetch_max_bytes: 57_671_680,
+            explicit_keys: BTreeMap::new(),
+        }
+    }
+}
+
+/// Keys Kafka users commonly set that Strand accepts but has no use for yet
+/// (KRaft quorum wiring of a single node, replication of internal topics).
+/// They are logged at info level instead of as unknown.
+const ACCEPTED_UNUSED_KEYS: &[&str] = &[
+    "process.roles",
+    "controller.quorum.voters",
+    "controller.quorum.bootstrap.servers",
+    "controller.listener.names",
+    "inter.broker.listener.name",
+    "listener.security.protocol.map",
+    "num.network.threads",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "num.recovery.threads.per.data.dir",
+    "offsets.topic.replication.factor",
+    "transaction.state.log.replication.factor",
+    "transaction.state.log.min.isr",
+    "share.coordinator.state.topic.replication.factor",
+    "share.coordinator.state.topic.min.isr",
+    "group.initial.rebalance.delay.ms",
+];
+
+impl BrokerConfig {
+    /// Reads a properties file and applies `overrides` (each `key=value`) on top.
+    pub fn load(path: &Path, overrides: &[String]) -> Result<BrokerConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::from_properties(&text, &path.display().to_string(), overrides)
+    }
+
+    /// Parses properties text; `origin` names the source in errors.
+    pub fn from_properties(text: &str, origin: &str, overrides: &[String]) -> Result<BrokerConfig, ConfigError> {
+        let mut entries: Vec<(String, String, String)> = Vec::new();
+        for (index, raw) in text.lines().enumerate() {
+            let line = raw.trim();
+            if line.is_empty() || line.starts_with('#') || line.starts_with('!') {
+                continue;
+            }
+            let split = line.find(['=', ':']).ok_or_else(|| ConfigError::Syntax {
+                origin: format!("{origin} line {}", index + 1),
+                line: line.to_string(),
+            })?;
+            let key = line[..split].trim().to_string();
+            let value = line[split + 1..].trim().to_string();
+            entries.push((key, value, format!("{origin} line {}", index + 1)));
+        }
+        for o in overrides {
+            let (k, v) = o.split_once('=').ok_or_else(|| ConfigError::Override(o.clone()))?;
+            entries.push((k.trim().to_string(), v.trim().to_string(), format!("--override {o}")));
+        }
+        let mut config = BrokerConfig::default();
+        let mut advertised_set = false;
+        let mut flush_ms_set = false;
+        let mut roll_ms_set = false;
+        let mut retention_set_by: u8 = 0; // 3 = ms, 2 = minutes, 1 = hours: the finest unit wins
+        for (key, value, at) in &entries {
+            let invalid = |reason: String| ConfigError::Invalid {
+                origin: at.clone(),
+                key: key.clone(),
+                value: value.clone(),
+                reason,
+            };
+            config.explicit_keys.insert(key.clone(), value.clone());
+            match key.as_str() {
+                "node.id" | "broker.id" => config.node_id = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as i32,
+                "listeners" => config.listeners = parse_listeners(value).map_err(invalid)?,
+                "advertised.listeners" => {
+                    config.advertised_listeners = parse_listeners(value).map_err(invalid)?;
+                    advertised_set = true;
+                }
+                "log.dirs" | "log.dir" => {
+                    let dirs: Vec<&str> = value.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+                    match dirs.as_slice() {
+                        [one] => config.log_dir = PathBuf::from(one),
+                        [] => return Err(invalid("no directory given".into())),
+                        _ => return Err(invalid("only one log directory is supported".into())),
+                    }
+                }
+                "num.partitions" => config.num_partitions = parse_int(value, 1, 100_000).map_err(invalid)? as i32,
+                "default.replication.factor" => {
+                    config.default_replication_factor = parse_int(value, 1, i16::MAX as i64).map_err(invalid)? as i16
+                }
+                "auto.create.topics.enable" => config.auto_create_topics_enable = parse_bool(value).map_err(invalid)?,
+                "delete.topic.enable" => config.delete_topic_enable = parse_bool(value).map_err(invalid)?,
+                "log.segment.bytes" => config.log.segment_bytes = parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64,
+                "log.roll.ms" => {
+                    config.log.roll_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?;
+                    roll_ms_set = true;
+                }
+                "log.roll.hours" if !roll_ms_set => {
+                    config.log.roll_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? * 3_600_000
+                }
+                "log.roll.hours" => {}
+                "log.retention.ms" => {
+                    config.log.retention_ms = parse_int(value, -1, i64::MAX).map_err(invalid)?;
+                    retention_set_by = 3;
+                }
+                "log.retention.minutes" if retention_set_by < 3 => {
+                    config.log.retention_ms = scale(parse_int(value, -1, i32::MAX as i64).map_err(invalid)?, 60_000);
+                    retention_set_by = 2;
+                }
+                "log.retention.hours" if retention_set_by < 2 => {
+                    config.log.retention_ms = scale(parse_int(value, -1, i32::MAX as i64).map_err(invalid)?, 3_600_000);
+                    retention_set_by = 1;
+                }
+                "log.retention.minutes" | "log.retention.hours" => {}
+                "log.retention.bytes" => config.log.retention_bytes = parse_int(value, -1, i64::MAX).map_err(invalid)?,
+                "log.index.interval.bytes" => {
+                    config.log.index_interval_bytes = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as u32
+                }
+                "log.index.size.max.bytes" => {
+                    config.log.index_max_bytes = parse_int(value, 4096, i32::MAX as i64).map_err(invalid)? as u32
+                }
+                "log.flush.interval.messages" => {
+                    config.log.flush_interval_messages = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "log.flush.interval.ms" => {
+                    config.log.flush_interval_ms = parse_int(value, 0, i64::MAX).map_err(invalid)?;
+                    flush_ms_set = true;
+                }
+                "log.flush.scheduler.interval.ms" if !flush_ms_set => {
+                    config.log.flush_interval_ms = parse_int(value, 0, i64::MAX).map_err(invalid)?
+                }
+                "log.flush.scheduler.interval.ms" => {}
+                "log.retention.check.interval.ms" => {
+                    config.log_retention_check_interval_ms = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "log.cleanup.policy" => config.log_cleanup_policy = parse_cleanup_policy(value).map_err(invalid)?,
+                "message.max.bytes" => config.log.max_batch_bytes = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize,
+                "min.insync.replicas" => config.min_insync_replicas = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32,
+                "socket.request.max.bytes" => {
+                    config.socket_request_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "max.connections" => config.max_connections = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize,
+                "num.io.threads" => config.num_io_threads = parse_int(value, 1, 1024).map_err(invalid)? as usize,
+                "max.incremental.fetch.session.cache.slots" => {
+                    config.fetch_session_cache_slots = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "fetch.max.bytes" => config.fetch_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize,
+                k if ACCEPTED_UNUSED_KEYS.contains(&k) => {
+                    tracing::info!(key = k, origin = %at, "config key accepted but not used by Strand");
+                }
+                k => tracing::warn!(key = k, origin = %at, "unknown config key ignored"),
+            }
+        }
+        if !advertised_set {
+            config.advertised_listeners = config
+                .listeners
+                .iter()
+                .map(|l| {
+                    let host = if l.host.is_empty() || l.host == "0.0.0.0" { "localhost".into() } else { l.host.clone() };
+                    Listener { host, ..l.clone() }
+                })
+                .collect();
+        }
+        config.validate(origin)?;
+        Ok(config)
+    }
+
+    fn validate(&self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |key: &str, value: String, reason: &str| ConfigError::Invalid {
+            origin: origin.to_string(),
+            key: key.to_string(),
+            value,
+            reason: reason.to_string(),
+        };
+        if self.listeners.is_empty() {
+            return Err(invalid("listeners", String::new(), "at least one listener is required"));
+        }
+        for l in &self.listeners {
+            l.bind_addr().map_err(|r| invalid("listeners", format!("{}://{}:{}", l.name, l.host, l.port), &r))?;
+        }
+        if self.advertised_listeners.iter().any(|a| !self.listeners.iter().any(|l| l.name == a.name)) {
+            return Err(invalid(
+                "advertised.listeners",
+                format!("{:?}", self.advertised_listeners.iter().map(|l| &l.name).collect::<Vec<_>>()),
+                "every advertised listener must name a listener in `listeners`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The advertised listener clients are told about for connections that
+    /// arrived on listener `name` (Kafka answers with the same listener name).
+    pub fn advertised_for(&self, name: &str) -> &Listener {
+        self.advertised_listeners
+            .iter()
+            .find(|l| l.name == name)
+            .unwrap_or(&self.advertised_listeners[0])
+    }
+}
+
+fn scale(v: i64, factor: i64) -> i64 {
+    if v < 0 {
+        -1
+    } else {
+        v.saturating_mul(factor)
+    }
+}
+
+fn parse_listeners(value: &str) -> Result<Vec<Listener>, String> {
+    let mut out = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let l = Listener::parse(part)?;
+        if out.iter().any(|o: &Listener| o.name == l.name) {
+            return Err(format!("listener name {} appears twice", l.name));
+        }
+        if l.name == "SSL" || l.name.starts_with("SASL") {
+            return Err(format!("{} is not supported; only plaintext listeners are", l.name));
+        }
+        out.push(l);
+    }
+    if out.is_empty() {
+        return Err("no listener given".into());
+    }
+    Ok(out)
+}
+
+/// Parses a Kafka integer setting within `[min, max]`.
+pub fn parse_int(value: &str, min: i64, max: i64) -> Result<i64, String> {
+    let v: i64 = value.trim().parse().map_err(|_| "not an integer".to_string())?;
+    if v < min || v > max {
+        return Err(format!("must be between {min} and {max}"));
+    }
+    Ok(v)
+}
+
+pub fn parse_bool(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err("must be true or false".into()),
+    }
+}
+
+/// `cleanup.policy`: a list of `delete` and/or `compact`.
+pub fn parse_cleanup_policy(value: &str) -> Result<String, String> {
+    let mut parts: Vec<&str> = value.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+    if parts.is_empty() || parts.iter().any(|p| *p != "delete" && *p != "compact") {
+        return Err("must be a list of delete and/or compact".into());
+    }
+    parts.sort();
+    parts.dedup();
+    Ok(parts.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_kafka_style_file_with_overrides() {
+        let text = "# comment\nnode.id=3\nlisteners=PLAINTEXT://127.0.0.1:9093\nlog.dirs=/tmp/x\n\
+                    log.retention.hours=1\nlog.segment.bytes: 1048576\nsomething.unknown=1\n";
+        let c = BrokerConfig::from_properties(text, "t", &["num.partitions=4".into()]).unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(c.listeners[0].port, 9093);
+        assert_eq!(c.advertised_listeners[0].host, "127.0.0.1");
+        assert_eq!(c.log.retention_ms, 3_600_000);
+        assert_eq!(c.log.segment_bytes, 1_048_576);
+        assert_eq!(c.num_partitions, 4);
+        assert_eq!(c.log_dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn invalid_value_names_key_and_line() {
+        let err = BrokerConfig::from_properties("node.id=1\nnum.partitions=zero\n", "server.properties", &[])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("server.properties line 2"), "{err}");
+        assert!(err.contains("num.partitions"), "{err}");
+    }
+
+    #[test]
+    fn finest_retention_unit_wins_whatever_the_order() {
+        let c = BrokerConfig::from_properties("log.retention.ms=5\nlog.retention.hours=1\n", "t", &[]).unwrap();
+        assert_eq!(c.log.retention_ms, 5);
+    }
+
+    #[test]
+    fn refuses_tls_listeners_and_bad_lines() {
+        assert!(BrokerConfig::from_properties("listeners=SSL://127.0.0.1:9093\n", "t", &[]).is_err());
+        assert!(BrokerConfig::from_properties("just-a-word\n", "t", &[]).is_err());
+        assert!(BrokerConfig::from_properties("", "t", &["nonsense".into()]).is_err());
+    }
+}

@@ -1,0 +1,26 @@
+//! Strand: a Kafka-compatible log broker.
+//!
+//! Map of the code, following a record:
+//! - [`server`]: listeners and connections (framing, ordering, limits, shutdown).
+//! - [`api`]: decode a request, route it to its handler (one file per API),
+//!   encode the response; the only place that knows Kafka error codes
+//!   ([`api::error`]) and advertised versions ([`api::versions`]).
+//! - [`replica`]: the partitions this broker leads: log, leader epoch, high
+//!   watermark, last stable offset; topic administration.
+//! - `strand_storage` (the `storage/` crate): segment files, indexes, recovery.
+//! - [`metadata`]: the persisted topic registry and cluster identity.
+//! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
+//! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`].
+
+pub mod alloc_guard;
+pub mod api;
+pub mod broker;
+pub mod config;
+pub mod metadata;
+pub mod replica;
+pub mod server;
+pub mod topic_config;
+pub mod util;
+
+pub use broker::{Broker, BrokerHandle, StartError};
+pub use config::BrokerConfig;

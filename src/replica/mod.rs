@@ -1,0 +1,436 @@
+//! The replica manager: every topic and partition this broker hosts, the
+//! persisted metadata behind them, and the admin operations that change them.
+//!
+//! Topics are kept in a copy-on-write map (`RwLock<Arc<TopicMap>>`): the
+//! produce and fetch paths take a cheap snapshot and never wait on an admin
+//! operation doing file I/O. Admin operations are serialised by the metadata
+//! store's mutex, write the metadata file, then publish a new map.
+
+pub mod partition;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use strand_storage::{Log, StorageError};
+use uuid::Uuid;
+
+use crate::config::BrokerConfig;
+use crate::metadata::{MetadataError, MetadataStore, TopicRecord};
+use crate::topic_config::{self, DynamicBrokerConfigs, EffectiveTopicConfig};
+pub use partition::{Partition, PartitionError, PartitionOffsets};
+
+/// A topic and its partitions.
+#[derive(Debug)]
+pub struct Topic {
+    pub name: String,
+    pub id: Uuid,
+    pub internal: bool,
+    pub configs: BTreeMap<String, String>,
+    pub partitions: Vec<Arc<Partition>>,
+}
+
+#[derive(Debug, Default)]
+pub struct TopicMap {
+    pub by_name: HashMap<String, Arc<Topic>>,
+    pub by_id: HashMap<Uuid, Arc<Topic>>,
+}
+
+impl TopicMap {
+    fn insert(&mut self, topic: Arc<Topic>) {
+        self.by_id.insert(topic.id, topic.clone());
+        self.by_name.insert(topic.name.clone(), topic);
+    }
+    fn remove(&mut self, name: &str) -> Option<Arc<Topic>> {
+        let t = self.by_name.remove(name)?;
+        self.by_id.remove(&t.id);
+        Some(t)
+    }
+}
+
+/// Why an admin operation on topics was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TopicError {
+    #[error("topic {0} already exists")]
+    AlreadyExists(String),
+    #[error("topic {0} does not exist")]
+    Unknown(String),
+    #[error("topic id {0} does not exist")]
+    UnknownId(Uuid),
+    #[error("invalid topic name: {0}")]
+    InvalidName(String),
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidReplicaAssignment(String),
+    #[error("{0}")]
+    InvalidConfig(String),
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("topic deletion is disabled (delete.topic.enable=false)")]
+    DeletionDisabled,
+    #[error("the number of partitions would exceed {0}")]
+    TooManyPartitions(usize),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error(transparent)]
+    Metadata(#[from] MetadataError),
+}
+
+/// Bound on partitions one broker hosts; every partition holds open files and maps.
+pub const PARTITIONS_MAX: usize = 100_000;
+
+/// Kafka's topic name rules: 1..=249 chars of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
+    if name.is_empty() || name == "." || name == ".." {
+        return Err(TopicError::InvalidName(format!("{name:?} is not allowed")));
+    }
+    if name.len() > 249 {
+        return Err(TopicError::InvalidName(format!("{} characters is longer than 249", name.len())));
+    }
+    if let Some(c) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))) {
+        return Err(TopicError::InvalidName(format!("{name:?} contains {c:?}; only [a-zA-Z0-9._-] are allowed")));
+    }
+    Ok(())
+}
+
+pub struct ReplicaManager {
+    pub config: BrokerConfig,
+    pub cluster_id: String,
+    store: Mutex<MetadataStore>,
+    topics: RwLock<Arc<TopicMap>>,
+    dynamic: RwLock<DynamicBrokerConfigs>,
+}
+
+fn now_ms() -> i64 {
+    crate::util::now_ms()
+}
+
+impl ReplicaManager {
+    /// Loads metadata and opens (recovering as needed) every partition log.
+    pub fn open(config: BrokerConfig) -> Result<ReplicaManager, TopicError> {
+        let store = MetadataStore::open(&config.log_dir, config.node_id)?;
+        let dynamic = DynamicBrokerConfigs {
+            cluster_default: store.image.broker_configs_cluster_default.clone(),
+            this_broker: store.image.broker_configs_this_broker.clone(),
+        };
+        let mut map = TopicMap::default();
+        let started = std::time::Instant::now();
+        for (name, record) in &store.image.topics {
+            let topic = Self::open_topic(&config, &dynamic, name, record, 0)?;
+            map.insert(Arc::new(topic));
+        }
+        Self::remove_stale_dirs(&config.log_dir, &map);
+        tracing::info!(topics = map.by_name.len(), elapsed_ms = started.elapsed().as_millis() as u64, "logs loaded");
+        Ok(ReplicaManager {
+            cluster_id: store.image.cluster_id.clone(),
+            config,
+            store: Mutex::new(store),
+            topics: RwLock::new(Arc::new(map)),
+            dynamic: RwLock::new(dynamic),
+        })
+    }
+
+    fn partition_dir(config: &BrokerConfig, topic: &str, partition: i32) -> PathBuf {
+        config.log_dir.join(format!("{topic}-{partition}"))
+    }
+
+    /// Opens partitions `first..record.partitions` of a topic (all of them for a new or loaded topic).
+    fn open_partitions(
+        config: &BrokerConfig,
+        effective: &EffectiveTopicConfig,
+        name: &str,
+        first: i32,
+        count: i32,
+    ) -> Result<Vec<Arc<Partition>>, TopicError> {
+        (first..count)
+            .map(|p| {
+                let log = Log::open(Self::partition_dir(config, name, p), effective.log.clone(), now_ms())?;
+                Ok(Arc::new(Partition::new(name, p, log, effective.min_insync_replicas)))
+            })
+            .collect()
+    }
+
+    fn open_topic(
+        config: &BrokerConfig,
+        dynamic: &DynamicBrokerConfigs,
+        name: &str,
+        record: &TopicRecord,
+        first: i32,
+    ) -> Result<Topic, TopicError> {
+        let effective = topic_config::effective(config, dynamic, &record.configs);
+        Ok(Topic {
+            name: name.to_string(),
+            id: record.id,
+            internal: record.internal,
+            configs: record.configs.clone(),
+            partitions: Self::open_partitions(config, &effective, name, first, record.partitions)?,
+        })
+    }
+
+    /// Removes partition directories left behind by an interrupted topic deletion.
+    fn remove_stale_dirs(log_dir: &std::path::Path, map: &TopicMap) {
+        let Ok(entries) = std::fs::read_dir(log_dir) else { return };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            if !entry.path().is_dir() {
+                continue;
+            }
+            let hosted = name
+                .rsplit_once('-')
+                .and_then(|(t, p)| p.parse::<i32>().ok().map(|p| (t, p)))
+                .is_some_and(|(t, p)| map.by_name.get(t).is_some_and(|topic| p >= 0 && (p as usize) < topic.partitions.len()));
+            if name.ends_with(".deleting") {
+                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                    tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove deleted partition directory");
+                }
+            } else if !hosted {
+                tracing::warn!(dir = %entry.path().display(), "directory in log.dirs is not a partition of any known topic; left alone");
+            }
+        }
+    }
+
+    pub fn topics(&self) -> Arc<TopicMap> {
+        self.topics.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn topic(&self, name: &str) -> Option<Arc<Topic>> {
+        self.topics().by_name.get(name).cloned()
+    }
+
+    pub fn topic_by_id(&self, id: &Uuid) -> Option<Arc<Topic>> {
+        self.topics().by_id.get(id).cloned()
+    }
+
+    pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
+        let t = self.topic(topic)?;
+        usize::try_from(index).ok().and_then(|i| t.partitions.get(i)).cloned()
+    }
+
+    pub fn dynamic_configs(&self) -> DynamicBrokerConfigs {
+        self.dynamic.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn publish(&self, f: impl FnOnce(&mut TopicMap)) {
+        let mut guard = self.topics.write().unwrap_or_else(|e| e.into_inner());
+        let mut next = TopicMap { by_name: guard.by_name.clone(), by_id: guard.by_id.clone() };
+        f(&mut next);
+        *guard = Arc::new(next);
+    }
+
+    fn lock_store(&self) -> std::sync::MutexGuard<'_, MetadataStore> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn total_partitions(&self) -> usize {
+        self.topics().by_name.values().map(|t| t.partitions.len()).sum()
+    }
+
+    /// Validates topic config overrides, returning them normalised.
+    pub fn validate_configs(configs: &[(String, Option<String>)]) -> Result<BTreeMap<String, String>, TopicError> {
+        let mut out = BTreeMap::new();
+        for (k, v) in configs {
+            let v = v.as_deref().ok_or_else(|| TopicError::InvalidConfig(format!("null value for {k}")))?;
+            let norm = topic_config::validate_topic_value(k, v).map_err(|e| TopicError::InvalidConfig(format!("{k}={v}: {e}")))?;
+            out.insert(k.clone(), norm);
+        }
+        Ok(out)
+    }
+
+    /// Creates a topic. `validate_only` checks everything and changes nothing.
+    pub fn create_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        replication_factor: i16,
+        configs: BTreeMap<String, String>,
+        validate_only: bool,
+    ) -> Result<Arc<Topic>, TopicError> {
+        validate_topic_name(name)?;
+        let partitions = if partitions == -1 { self.config.num_partitions } else { partitions };
+        let replication_factor = if replication_factor == -1 { self.config.default_replication_factor } else { replication_factor };
+        if partitions <= 0 {
+            return Err(TopicError::InvalidPartitions(format!("number of partitions must be positive, got {partitions}")));
+        }
+        if replication_factor <= 0 {
+            return Err(TopicError::InvalidReplicationFactor(format!("replication factor must be positive, got {replication_factor}")));
+        }
+        if replication_factor > 1 {
+            return Err(TopicError::InvalidReplicationFactor(format!(
+                "replication factor {replication_factor} is larger than the 1 available broker"
+            )));
+        }
+        let mut store = self.lock_store();
+        if store.image.topics.contains_key(name) {
+            return Err(TopicError::AlreadyExists(name.to_string()));
+        }
+        if let Some(existing) = store.image.topics.keys().find(|t| t.replace('.', "_") == name.replace('.', "_")) {
+            return Err(TopicError::InvalidName(format!("{name} collides with existing topic {existing} ('.' and '_' collide)")));
+        }
+        if self.total_partitions() + partitions as usize > PARTITIONS_MAX {
+            return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
+        }
+        let record = TopicRecord { id: Uuid::new_v4(), partitions, configs, internal: name.starts_with("__") };
+        if validate_only {
+            return Ok(Arc::new(Topic {
+                name: name.into(),
+                id: record.id,
+                internal: record.internal,
+                configs: record.configs,
+                partitions: Vec::new(),
+            }));
+        }
+        let topic = Arc::new(Self::open_topic(&self.config, &self.dynamic_configs(), name, &record, 0)?);
+        store.image.topics.insert(name.to_string(), record);
+        if let Err(e) = store.save() {
+            store.image.topics.remove(name);
+            for p in &topic.partitions {
+                let _ = p.delete();
+            }
+            return Err(e.into());
+        }
+        self.publish(|m| m.insert(topic.clone()));
+        tracing::info!(topic = name, partitions, "topic created");
+        Ok(topic)
+    }
+
+    /// Deletes a topic and its logs.
+    pub fn delete_topic(&self, name: &str) -> Result<Uuid, TopicError> {
+        if !self.config.delete_topic_enable {
+            return Err(TopicError::DeletionDisabled);
+        }
+        let mut store = self.lock_store();
+        let record = store.image.topics.remove(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+        store.save()?;
+        let mut removed = None;
+        self.publish(|m| removed = m.remove(name));
+        if let Some(topic) = removed {
+            for p in &topic.partitions {
+                if let Err(e) = p.delete() {
+                    tracing::warn!(topic = name, partition = p.index, error = %e, "cannot remove partition directory");
+                }
+            }
+        }
+        tracing::info!(topic = name, "topic deleted");
+        Ok(record.id)
+    }
+
+    /// Grows a topic to `count` partitions.
+    pub fn create_partitions(&self, name: &str, count: i32, validate_only: bool) -> Result<(), TopicError> {
+        let mut store = self.lock_store();
+        let record = store.image.topics.get(name).cloned().ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+        if count < record.partitions {
+            return Err(TopicError::InvalidPartitions(format!(
+                "topic {name} has {} partitions; partitions can only be added",
+                record.partitions
+            )));
+        }
+        if count == record.partitions {
+            return Err(TopicError::InvalidPartitions(format!("topic {name} already has {count} partitions")));
+        }
+        if self.total_partitions() + (count - record.partitions) as usize > PARTITIONS_MAX {
+            return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
+        }
+        if validate_only {
+            return Ok(());
+        }
+        let current = self.topic(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+        let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &record.configs);
+        let added = Self::open_partitions(&self.config, &effective, name, record.partitions, count)?;
+        let new_record = TopicRecord { partitions: count, ..record };
+        store.image.topics.insert(name.to_string(), new_record);
+        store.save()?;
+        let mut partitions = current.partitions.clone();
+        partitions.extend(added);
+        let topic = Arc::new(Topic {
+            name: current.name.clone(),
+            id: current.id,
+            internal: current.internal,
+            configs: current.configs.clone(),
+            partitions,
+        });
+        self.publish(|m| m.insert(topic));
+        tracing::info!(topic = name, partitions = count, "partitions added");
+        Ok(())
+    }
+
+    /// Replaces a topic's config overrides (already validated).
+    pub fn set_topic_configs(&self, name: &str, configs: BTreeMap<String, String>) -> Result<(), TopicError> {
+        let mut store = self.lock_store();
+        let record = store.image.topics.get_mut(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+        let previous = std::mem::replace(&mut record.configs, configs.clone());
+        if let Err(e) = store.save() {
+            if let Some(r) = store.image.topics.get_mut(name) {
+                r.configs = previous;
+            }
+            return Err(e.into());
+        }
+        let current = self.topic(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
+        let topic = Arc::new(Topic {
+            name: current.name.clone(),
+            id: current.id,
+            internal: current.internal,
+            configs,
+            partitions: current.partitions.clone(),
+        });
+        self.apply_configs(&topic)?;
+        self.publish(|m| m.insert(topic));
+        Ok(())
+    }
+
+    /// Replaces the dynamic broker configs (already validated) and reapplies every topic's settings.
+    pub fn set_dynamic_broker_configs(&self, cluster_default: bool, configs: BTreeMap<String, String>) -> Result<(), TopicError> {
+        let mut store = self.lock_store();
+        {
+            let mut dynamic = self.dynamic.write().unwrap_or_else(|e| e.into_inner());
+            if cluster_default {
+                store.image.broker_configs_cluster_default = configs.clone();
+                dynamic.cluster_default = configs;
+            } else {
+                store.image.broker_configs_this_broker = configs.clone();
+                dynamic.this_broker = configs;
+            }
+        }
+        store.save()?;
+        for topic in self.topics().by_name.values() {
+            self.apply_configs(topic)?;
+        }
+        Ok(())
+    }
+
+    fn apply_configs(&self, topic: &Topic) -> Result<(), TopicError> {
+        let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &topic.configs);
+        for p in &topic.partitions {
+            match p.set_config(effective.log.clone(), effective.min_insync_replicas) {
+                Ok(()) | Err(PartitionError::Gone) => {}
+                Err(PartitionError::Storage(e)) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Periodic flush and retention over every partition.
+    pub fn maintain(&self, retention: bool) {
+        let now = now_ms();
+        for topic in self.topics().by_name.values() {
+            for p in &topic.partitions {
+                if let Err(PartitionError::Storage(e)) = p.maintain(now, retention) {
+                    tracing::error!(topic = %topic.name, partition = p.index, error = %e, "log maintenance failed");
+                }
+            }
+        }
+    }
+
+    /// Flushes and closes every log (clean shutdown).
+    pub fn close(&self) {
+        for topic in self.topics().by_name.values() {
+            for p in &topic.partitions {
+                if let Err(e) = p.close() {
+                    tracing::error!(topic = %topic.name, partition = p.index, error = %e, "log close failed");
+                }
+            }
+        }
+    }
+}

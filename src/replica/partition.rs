@@ -1,0 +1,177 @@
+//! One partition this broker leads: its log, leader epoch, high watermark and
+//! last stable offset.
+//!
+//! A single node is the replication-factor-1 case of the replicated design:
+//! the ISR is this broker alone, so the high watermark moves to the log end
+//! offset as soon as an append is written. The last stable offset equals the
+//! high watermark until transactions exist.
+
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use strand_storage::{AppendInfo, Log, LogConfig, ReadInfo, StorageError, TimestampLookup};
+use tokio::sync::watch;
+
+/// A partition that has been deleted (or the broker is shutting down).
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("partition is no longer hosted here")]
+    Gone,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Offsets a fetch or list-offsets response reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub log_start_offset: i64,
+    pub high_watermark: i64,
+    pub last_stable_offset: i64,
+    pub log_end_offset: i64,
+}
+
+#[derive(Debug)]
+pub struct Partition {
+    pub topic: String,
+    pub index: i32,
+    /// Leader epoch: 0 for the single node; bumps on leadership change in a cluster.
+    pub leader_epoch: i32,
+    min_insync_replicas: AtomicI32,
+    /// `None` once the partition is deleted or closed.
+    log: Mutex<Option<Log>>,
+    /// Publishes the high watermark so long-polling fetches wake on appends.
+    high_watermark: watch::Sender<i64>,
+}
+
+impl Partition {
+    pub fn new(topic: &str, index: i32, log: Log, min_insync_replicas: i32) -> Partition {
+        let hw = log.log_end_offset();
+        Partition {
+            topic: topic.to_string(),
+            index,
+            leader_epoch: 0,
+            min_insync_replicas: AtomicI32::new(min_insync_replicas),
+            log: Mutex::new(Some(log)),
+            high_watermark: watch::Sender::new(hw),
+        }
+    }
+
+    /// Locks the log. A panic elsewhere while holding the lock leaves the log
+    /// consistent (every storage call is all-or-nothing), so poisoning is ignored.
+    fn lock(&self) -> MutexGuard<'_, Option<Log>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> Result<T, StorageError>) -> Result<T, PartitionError> {
+        let mut guard = self.lock();
+        let log = guard.as_mut().ok_or(PartitionError::Gone)?;
+        Ok(f(log)?)
+    }
+
+    pub fn min_insync_replicas(&self) -> i32 {
+        self.min_insync_replicas.load(Ordering::Relaxed)
+    }
+
+    /// In-sync replicas: this broker alone.
+    pub fn isr_size(&self) -> i32 {
+        1
+    }
+
+    /// Appends client batches (validated, offsets assigned, bytes written as
+    /// received) and advances the high watermark.
+    pub fn append(&self, batches: &mut [u8], now_ms: i64) -> Result<AppendInfo, PartitionError> {
+        let info = self.with_log(|log| log.append(batches, self.leader_epoch, now_ms))?;
+        // RF=1: the write is replicated to the whole ISR once it is in the log.
+        self.high_watermark.send_replace(info.last_offset + 1);
+        Ok(info)
+    }
+
+    pub fn offsets(&self) -> Result<PartitionOffsets, PartitionError> {
+        self.with_log(|log| Ok(Self::offsets_of(log, *self.high_watermark.borrow())))
+    }
+
+    fn offsets_of(log: &Log, hw: i64) -> PartitionOffsets {
+        PartitionOffsets {
+            log_start_offset: log.log_start_offset(),
+            high_watermark: hw,
+            last_stable_offset: hw,
+            log_end_offset: log.log_end_offset(),
+        }
+    }
+
+    /// Reads whole batches from `offset`, bounded by the high watermark
+    /// (read_uncommitted) or the last stable offset (read_committed).
+    pub fn read(
+        &self,
+        offset: i64,
+        max_bytes: usize,
+        read_committed: bool,
+        min_one: bool,
+    ) -> Result<(ReadInfo, PartitionOffsets), PartitionError> {
+        self.with_log(|log| {
+            let offsets = Self::offsets_of(log, *self.high_watermark.borrow());
+            let bound = if read_committed { offsets.last_stable_offset } else { offsets.high_watermark };
+            let info = log.read(offset, max_bytes, bound, min_one)?;
+            Ok((info, offsets))
+        })
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<i64> {
+        self.high_watermark.subscribe()
+    }
+
+    pub fn lookup_timestamp(&self, ts: i64) -> Result<Option<TimestampLookup>, PartitionError> {
+        self.with_log(|log| log.lookup_timestamp(ts))
+    }
+
+    pub fn lookup_max_timestamp(&self) -> Result<Option<TimestampLookup>, PartitionError> {
+        self.with_log(|log| log.lookup_max_timestamp())
+    }
+
+    /// Advances the log start offset (DeleteRecords). Returns the new low watermark.
+    pub fn delete_records(&self, offset: i64) -> Result<i64, PartitionError> {
+        self.with_log(|log| log.delete_records(offset))
+    }
+
+    pub fn set_config(&self, log_config: LogConfig, min_insync_replicas: i32) -> Result<(), PartitionError> {
+        self.min_insync_replicas.store(min_insync_replicas, Ordering::Relaxed);
+        self.with_log(|log| {
+            log.set_config(log_config);
+            Ok(())
+        })
+    }
+
+    /// Periodic housekeeping: flush when due, and retention when `retention` is set.
+    pub fn maintain(&self, now_ms: i64, retention: bool) -> Result<(), PartitionError> {
+        self.with_log(|log| {
+            log.flush_if_due(now_ms)?;
+            if retention {
+                let deleted = log.enforce_retention(now_ms)?;
+                if deleted > 0 {
+                    tracing::info!(topic = %self.topic, partition = self.index, deleted, log_start_offset = log.log_start_offset(), "retention deleted segments");
+                }
+            }
+            Ok(())
+        })
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.lock().as_ref().map(|l| l.size_bytes()).unwrap_or(0)
+    }
+
+    /// Flushes and closes the log (clean shutdown).
+    pub fn close(&self) -> Result<(), StorageError> {
+        match self.lock().take() {
+            Some(log) => log.close(),
+            None => Ok(()),
+        }
+    }
+
+    /// Removes the log from disk (topic deletion).
+    pub fn delete(&self) -> Result<(), StorageError> {
+        match self.lock().take() {
+            Some(log) => log.delete(),
+            None => Ok(()),
+        }
+    }
+}
