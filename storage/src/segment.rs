@@ -353,7 +353,7 @@ impl Segment {
         self.first_batch_max_timestamp = None;
         self.next_offset = self.base_offset;
         let (reader, path) = (Arc::clone(&self.reader), Arc::clone(&self.log_path));
-        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, false, &mut |m| {
+        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, true, &mut |m| {
             self.index_batch(m, index_interval_bytes)
         })?;
         self.indexes_ok = true;
@@ -477,8 +477,8 @@ impl ChunkReader<'_> {
 }
 
 /// Walks the batches of a file of `size` bytes from `position`, expecting
-/// offsets from `expected_offset` on (strictly increasing; with `exact_first`
-/// the first batch must start exactly there). Calls `f` for each good batch
+/// contiguous offsets from `expected_offset` on (with `exact_first` the first
+/// batch must start exactly there, otherwise at or after it). Calls `f` for each good batch
 /// and stops at the first torn, corrupt or out-of-order one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn walk(
@@ -520,10 +520,13 @@ pub(crate) fn walk(
                 return stop(position, next_offset, e.to_string());
             }
         }
-        let in_order = if first && exact_first {
-            meta.base_offset == next_offset
-        } else {
+        // Batches are contiguous: each starts where the previous ended (a
+        // log cleaner would leave gaps and must relax this). Only the first
+        // batch of a walk from a segment start may begin later.
+        let in_order = if first && !exact_first {
             meta.base_offset >= next_offset
+        } else {
+            meta.base_offset == next_offset
         };
         if !in_order || meta.last_offset < meta.base_offset {
             return stop(
