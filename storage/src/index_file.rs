@@ -27,10 +27,12 @@ pub(crate) struct IndexFile {
 
 impl IndexFile {
     /// Opens (creating if missing) `path` and maps it as it is. Returns the
-    /// file and whether its length was a whole number of entries; when it was
+    /// file and whether it existed with a whole number of entries; when it did
     /// not, the file is reset to empty.
     pub fn open(path: &Path, entry_bytes: usize) -> Result<(IndexFile, bool)> {
         assert!(entry_bytes > 0);
+        // A missing index is not an empty one: it has to be rebuilt.
+        let existed = path.try_exists().map_err(|e| StorageError::io(path, e))?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -39,7 +41,7 @@ impl IndexFile {
             .open(path)
             .map_err(|e| StorageError::io(path, e))?;
         let len = file.metadata().map_err(|e| StorageError::io(path, e))?.len();
-        let whole = len % entry_bytes as u64 == 0 && len <= u32::MAX as u64;
+        let whole = existed && len % entry_bytes as u64 == 0 && len <= u32::MAX as u64;
         let mut index = IndexFile {
             path: path.to_path_buf(),
             file,
@@ -144,7 +146,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("x.index");
         let (mut f, ok) = IndexFile::open(&path, 4).unwrap();
-        assert!(ok);
+        assert!(!ok, "a new file is not trusted");
         assert_eq!(f.len(), 0);
         f.resize(10).unwrap();
         f.push(&[1, 2, 3, 4]);

@@ -97,6 +97,7 @@ impl Segment {
         segment.offset_index.reset();
         segment.time_index.reset();
         segment.writer = Some(writer);
+        segment.indexes_ok = true;
         segment.offset_index.preallocate(index_max_bytes)?;
         segment.time_index.preallocate(index_max_bytes)?;
         Ok(segment)

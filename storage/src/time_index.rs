@@ -135,7 +135,7 @@ mod tests {
     fn appends_only_growing_timestamps_and_keeps_a_slot_for_sealing() {
         let dir = tempfile::tempdir().unwrap();
         let (mut idx, ok) = TimeIndex::open(&dir.path().join("0.timeindex")).unwrap();
-        assert!(ok);
+        assert!(!ok, "a new file is not trusted");
         idx.preallocate(36).unwrap(); // 3 entries, one kept for sealing
         assert!(idx.maybe_append(e(100, 1), false));
         assert!(!idx.maybe_append(e(100, 2), false));
