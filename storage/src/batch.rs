@@ -61,21 +61,18 @@ impl fmt::Display for BatchError {
             BatchError::Truncated { position } => {
                 write!(f, "batch at byte {position} is truncated")
             }
-            BatchError::LengthTooSmall { position, batch_length } => write!(
-                f,
-                "batch at byte {position} has batchLength {batch_length}, below the header size"
-            ),
+            BatchError::LengthTooSmall { position, batch_length } => {
+                write!(f, "batch at byte {position} has batchLength {batch_length}, below the header size")
+            }
             BatchError::UnsupportedMagic { position, magic } => {
                 write!(f, "batch at byte {position} has magic {magic}, only v2 is supported")
             }
-            BatchError::CrcMismatch { position, stored, computed } => write!(
-                f,
-                "batch at byte {position} has CRC-32C {stored:#010x}, computed {computed:#010x}"
-            ),
-            BatchError::InvalidOffsets { position, record_count, last_offset_delta } => write!(
-                f,
-                "batch at byte {position} has {record_count} records but lastOffsetDelta {last_offset_delta}"
-            ),
+            BatchError::CrcMismatch { position, stored, computed } => {
+                write!(f, "batch at byte {position} has CRC-32C {stored:#010x}, computed {computed:#010x}")
+            }
+            BatchError::InvalidOffsets { position, record_count, last_offset_delta } => {
+                write!(f, "batch at byte {position} has {record_count} records but lastOffsetDelta {last_offset_delta}")
+            }
             BatchError::UnknownCompression { position, codec } => {
                 write!(f, "batch at byte {position} uses unknown compression codec {codec}")
             }

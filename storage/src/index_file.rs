@@ -42,14 +42,7 @@ impl IndexFile {
             .map_err(|e| StorageError::io(path, e))?;
         let len = file.metadata().map_err(|e| StorageError::io(path, e))?.len();
         let whole = existed && len % entry_bytes as u64 == 0 && len <= u32::MAX as u64;
-        let mut index = IndexFile {
-            path: path.to_path_buf(),
-            file,
-            mmap: None,
-            entry_bytes,
-            entries: 0,
-            capacity: 0,
-        };
+        let mut index = IndexFile { path: path.to_path_buf(), file, mmap: None, entry_bytes, entries: 0, capacity: 0 };
         if whole {
             let entries = (len / entry_bytes as u64) as usize;
             index.map(entries)?;
@@ -85,9 +78,7 @@ impl IndexFile {
             m.flush().map_err(|e| StorageError::io(&self.path, e))?;
         }
         self.mmap = None;
-        self.file
-            .set_len((capacity * self.entry_bytes) as u64)
-            .map_err(|e| StorageError::io(&self.path, e))?;
+        self.file.set_len((capacity * self.entry_bytes) as u64).map_err(|e| StorageError::io(&self.path, e))?;
         self.entries = self.entries.min(capacity);
         self.map(capacity)
     }

@@ -441,12 +441,8 @@ impl Log {
         }
         self.log_start_offset = offset;
         self.write_checkpoint(false)?;
-        let below = self
-            .segments
-            .values()
-            .take(self.segments.len() - 1)
-            .take_while(|s| s.next_offset() <= offset)
-            .count();
+        let below =
+            self.segments.values().take(self.segments.len() - 1).take_while(|s| s.next_offset() <= offset).count();
         self.delete_oldest(below, "log start offset")?;
         Ok(self.log_start_offset)
     }
@@ -537,7 +533,7 @@ impl Log {
     pub fn lookup_max_timestamp(&self) -> Result<Option<TimestampLookup>> {
         let mut best: Option<&Segment> = None;
         for segment in self.segments.values().filter(|s| !s.is_empty()) {
-            if best.map_or(true, |b| segment.max_timestamp() > b.max_timestamp()) {
+            if best.is_none_or(|b| segment.max_timestamp() > b.max_timestamp()) {
                 best = Some(segment);
             }
         }

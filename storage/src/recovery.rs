@@ -124,10 +124,9 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         let end = segment.rebuild(true, config.index_max_bytes, config.index_interval_bytes)?;
         let problem = match (end.error, next_base) {
             (Some(reason), _) => Some(reason),
-            (None, Some(next)) if next != end.next_offset => Some(format!(
-                "segment ends at offset {} but the next segment starts at {next}",
-                end.next_offset
-            )),
+            (None, Some(next)) if next != end.next_offset => {
+                Some(format!("segment ends at offset {} but the next segment starts at {next}", end.next_offset))
+            }
             _ => None,
         };
         let Some(reason) = problem else { continue };

@@ -81,11 +81,8 @@ impl Segment {
     /// Creates a new, empty active segment starting at `base_offset`.
     pub fn create(dir: &Path, base_offset: i64, index_max_bytes: u32, now_ms: i64) -> Result<Segment> {
         let log_path = dir.join(file_name(base_offset, LOG_SUFFIX));
-        let writer = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|e| StorageError::io(&log_path, e))?;
+        let writer =
+            OpenOptions::new().create(true).append(true).open(&log_path).map_err(|e| StorageError::io(&log_path, e))?;
         let len = writer.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
         if len != 0 {
             return Err(StorageError::CorruptFile {
@@ -411,10 +408,8 @@ impl Segment {
     /// Cuts the file at `position` after a recovery walk that stopped there
     /// (the indexes already end before it).
     pub fn truncate_file(&mut self, position: u64) -> Result<()> {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&*self.log_path)
-            .map_err(|e| StorageError::io(&*self.log_path, e))?;
+        let file =
+            OpenOptions::new().write(true).open(&*self.log_path).map_err(|e| StorageError::io(&*self.log_path, e))?;
         file.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.size_bytes = position;
         self.offset_index.truncate_to_position(position);
@@ -499,7 +494,11 @@ pub(crate) fn walk(
     while position < size {
         let remaining = size - position;
         if remaining < HEADER_BYTES as u64 {
-            return stop(position, next_offset, format!("torn batch header at byte {position}: {remaining} bytes left"));
+            return stop(
+                position,
+                next_offset,
+                format!("torn batch header at byte {position}: {remaining} bytes left"),
+            );
         }
         let head = reader.get(position, HEADER_BYTES, size)?;
         let (header, total) = match batch::parse_header(head, position as usize) {
@@ -507,7 +506,11 @@ pub(crate) fn walk(
             Err(e) => return stop(position, next_offset, e.to_string()),
         };
         if total as u64 > remaining {
-            return stop(position, next_offset, format!("torn batch at byte {position}: {total} bytes, {remaining} left"));
+            return stop(
+                position,
+                next_offset,
+                format!("torn batch at byte {position}: {total} bytes, {remaining} left"),
+            );
         }
         let meta = BatchMeta {
             position,
@@ -524,16 +527,16 @@ pub(crate) fn walk(
         // Batches are contiguous: each starts where the previous ended (a
         // log cleaner would leave gaps and must relax this). Only the first
         // batch of a walk from a segment start may begin later.
-        let in_order = if first && !exact_first {
-            meta.base_offset >= next_offset
-        } else {
-            meta.base_offset == next_offset
-        };
+        let in_order =
+            if first && !exact_first { meta.base_offset >= next_offset } else { meta.base_offset == next_offset };
         if !in_order || meta.last_offset < meta.base_offset {
             return stop(
                 position,
                 next_offset,
-                format!("batch at byte {position} has offsets {}..={}, expected {next_offset}", meta.base_offset, meta.last_offset),
+                format!(
+                    "batch at byte {position} has offsets {}..={}, expected {next_offset}",
+                    meta.base_offset, meta.last_offset
+                ),
             );
         }
         f(&meta);

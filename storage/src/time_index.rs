@@ -40,7 +40,7 @@ impl TimeIndex {
 
     /// Whether every entry is below `relative_end` (the segment's next offset, relative).
     pub fn fits(&self, relative_end: u64) -> bool {
-        self.last().map_or(true, |e| (e.relative_offset as u64) < relative_end)
+        self.last().is_none_or(|e| (e.relative_offset as u64) < relative_end)
     }
 
     pub fn path(&self) -> &Path {

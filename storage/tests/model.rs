@@ -80,7 +80,7 @@ struct Model {
 }
 
 impl Model {
-    fn from_offset(&self, offset: i64) -> impl Iterator<Item = &Batch> {
+    fn batches_from(&self, offset: i64) -> impl Iterator<Item = &Batch> {
         self.batches.iter().filter(move |b| b.last >= offset)
     }
     /// Removes batches from the first one ending at or after `offset`.
@@ -137,7 +137,7 @@ fn check(log: &Log, model: &Model, probe: u64) -> Result<(), TestCaseError> {
         for s in &info.slices {
             s.read_into(&mut got).unwrap();
         }
-        let want: Vec<u8> = model.from_offset(offset).flat_map(|b| b.bytes.iter().copied()).collect();
+        let want: Vec<u8> = model.batches_from(offset).flat_map(|b| b.bytes.iter().copied()).collect();
         prop_assert!(got == want, "read from {} returned {} bytes, model has {}", offset, got.len(), want.len());
     }
     prop_assert_eq!(log.read(model.end, 100, i64::MAX, true).unwrap().bytes, 0);
@@ -155,7 +155,7 @@ fn check(log: &Log, model: &Model, probe: u64) -> Result<(), TestCaseError> {
         let max_offset = offset + 1 + (probe / 11 % 12) as i64;
         let info = log.read(offset, max_bytes, max_offset, true).unwrap();
         let mut want = Vec::new();
-        for b in model.from_offset(offset) {
+        for b in model.batches_from(offset) {
             if b.base >= max_offset || (!want.is_empty() && want.len() + b.bytes.len() > max_bytes) {
                 break;
             }
@@ -171,7 +171,7 @@ fn check(log: &Log, model: &Model, probe: u64) -> Result<(), TestCaseError> {
         prop_assert!(got == want, "bounded read at {} max {} below {}", offset, max_bytes, max_offset);
 
         let timestamp = (probe % 10_500) as i64;
-        let want = model.from_offset(model.start).find(|b| b.max_timestamp >= timestamp).map(|b| b.bytes.clone());
+        let want = model.batches_from(model.start).find(|b| b.max_timestamp >= timestamp).map(|b| b.bytes.clone());
         let got = log.lookup_timestamp(timestamp).unwrap().map(|l| l.batch);
         prop_assert!(got == want, "lookup_timestamp({})", timestamp);
         let max = model.batches.iter().map(|b| b.max_timestamp).max().unwrap();
@@ -226,7 +226,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 l.set_config(old);
                 let start = l.log_start_offset();
                 prop_assert!(start >= model.start && start <= model.end);
-                prop_assert!(start == model.end || model.batches.iter().any(|b| b.base == start) || start == model.start);
+                prop_assert!(
+                    start == model.end || model.batches.iter().any(|b| b.base == start) || start == model.start
+                );
                 model.advance_start(start);
             }
             Op::DeleteRecords(x) => {

@@ -78,7 +78,10 @@ fn corruption_behind_recovery_point_refuses_open_with_file_and_position() {
     assert!(message.contains("00000000000000000000.log"), "{message}");
     assert!(message.contains(&format!("byte {position}")), "{message}");
     // Nothing was repaired behind the operator's back.
-    assert_eq!(std::fs::metadata(&file).unwrap().len(), batches.iter().map(|b| b.len() as u64).sum::<u64>() + 2 * batches[0].len() as u64);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().len(),
+        batches.iter().map(|b| b.len() as u64).sum::<u64>() + 2 * batches[0].len() as u64
+    );
 }
 
 /// Goal: after a clean shutdown the tail check still catches flushed data
