@@ -174,6 +174,7 @@ fn apply_ops(
     validate: impl Fn(&str, &str) -> Result<String, String>,
     is_list: impl Fn(&str) -> bool,
 ) -> Result<BTreeMap<String, String>, String> {
+    let is_known = |name: &str| topic_config::topic_key(name).is_some() || topic_config::is_dynamic_broker_key(name);
     let mut next = current.clone();
     let mut seen = std::collections::HashSet::new();
     for op in ops {
@@ -188,7 +189,9 @@ fn apply_ops(
                 next.insert(name.clone(), validate(&name, &v)?);
             }
             OP_DELETE => {
-                validate(&name, "").or_else(|e| if e.starts_with("unknown") { Err(e) } else { Ok(String::new()) })?;
+                if !is_known(&name) {
+                    return Err(format!("unknown config {name}"));
+                }
                 next.remove(&name);
             }
             OP_APPEND | OP_SUBTRACT => {
@@ -219,6 +222,70 @@ fn apply_ops(
     Ok(next)
 }
 
+/// Validates one broker dynamic config key and value.
+fn validate_broker_value(k: &str, v: &str) -> Result<String, String> {
+    if !topic_config::is_dynamic_broker_key(k) {
+        return Err(format!("unknown or read-only broker config {k}; dynamic ones are the log.* topic defaults"));
+    }
+    let topic_key = TOPIC_CONFIGS.iter().find(|t| t.broker_synonym == k).expect("dynamic keys are synonyms");
+    topic_config::validate_topic_value(topic_key.name, v)
+}
+
+/// AlterConfigs (the pre-KIP-339 form): each resource's overrides are replaced
+/// by exactly the given set.
+pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let node = ctx.state.config().node_id.to_string();
+    let responses = req
+        .resources
+        .into_iter()
+        .map(|r| {
+            let name = r.resource_name.to_string();
+            let pairs: Vec<(String, Option<String>)> =
+                r.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
+            let validate_all = |validate: &dyn Fn(&str, &str) -> Result<String, String>| {
+                let mut out = BTreeMap::new();
+                for (k, v) in &pairs {
+                    let v = v.as_deref().ok_or_else(|| format!("null value for {k}"))?;
+                    out.insert(k.clone(), validate(k, v)?);
+                }
+                Ok::<_, String>(out)
+            };
+            let outcome: Result<(), (i16, String)> = match r.resource_type {
+                RESOURCE_TOPIC => (|| {
+                    if ctx.state.replicas.topic(&name).is_none() {
+                        return Err((ResponseError::UnknownTopicOrPartition.code(), format!("topic {name} does not exist")));
+                    }
+                    let next = validate_all(&topic_config::validate_topic_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    if req.validate_only {
+                        return Ok(());
+                    }
+                    ctx.state.replicas.set_topic_configs(&name, next).map_err(|e| (error::topic_code(&e), e.to_string()))
+                })(),
+                RESOURCE_BROKER if name.is_empty() || name == node => (|| {
+                    let next = validate_all(&validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    if req.validate_only {
+                        return Ok(());
+                    }
+                    ctx.state
+                        .replicas
+                        .set_dynamic_broker_configs(name.is_empty(), next)
+                        .map_err(|e| (error::topic_code(&e), e.to_string()))
+                })(),
+                RESOURCE_BROKER => Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}"))),
+                other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
+            };
+            let base = alter_configs_response::AlterConfigsResourceResponse::default()
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name);
+            match outcome {
+                Ok(()) => base.with_error_code(0),
+                Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
+            }
+        })
+        .collect();
+    AlterConfigsResponse::default().with_responses(responses)
+}
+
 pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
     let node = ctx.state.config().node_id.to_string();
     let responses = req
@@ -243,14 +310,7 @@ pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsReque
                     let dynamic = ctx.state.replicas.dynamic_configs();
                     let cluster_default = name.is_empty();
                     let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
-                    let validate = |k: &str, v: &str| {
-                        if !topic_config::is_dynamic_broker_key(k) {
-                            return Err(format!("unknown or read-only broker config {k}; dynamic ones are the log.* topic defaults"));
-                        }
-                        let topic_key = TOPIC_CONFIGS.iter().find(|t| t.broker_synonym == k).expect("dynamic keys are synonyms");
-                        topic_config::validate_topic_value(topic_key.name, v)
-                    };
-                    let next = apply_ops(current, &r.configs, validate, is_list).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    let next = apply_ops(current, &r.configs, validate_broker_value, is_list).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
                     if req.validate_only {
                         return Ok(());
                     }

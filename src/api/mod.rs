@@ -101,6 +101,7 @@ pub async fn handle(state: &Arc<BrokerState>, listener: &str, peer: SocketAddr, 
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
+        RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
         RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r)),
         other => {
             // versions::SUPPORTED and this match must agree; a mismatch is a bug, not bad input.
