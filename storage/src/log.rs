@@ -247,7 +247,7 @@ impl Log {
         let len = batches.len() as u64;
         if !active.is_empty()
             && (active.size_bytes() + len > self.config.segment_bytes
-                || active.age_ms(now_ms) > self.config.roll_ms
+                || active.age_ms(now_ms, info.max_timestamp) > self.config.roll_ms
                 || active.indexes_full()
                 || active.would_overflow(len, last_offset))
         {

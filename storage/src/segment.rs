@@ -159,15 +159,16 @@ impl Segment {
         self.offset_index.is_full() || self.time_index.is_full()
     }
 
-    /// Milliseconds the segment has been collecting data for `roll_ms`:
-    /// measured from its first batch's maxTimestamp like Kafka, or from
-    /// creation/open when that batch has no timestamp.
-    pub fn age_ms(&self, now_ms: i64) -> i64 {
-        let since = match self.first_batch_max_timestamp {
-            Some(ts) if ts >= 0 => ts,
-            _ => self.created_ms,
-        };
-        now_ms.saturating_sub(since)
+    /// How long the segment has been collecting data, for `roll_ms`, Kafka
+    /// style: the incoming batches' max timestamp minus the segment's first
+    /// batch's maxTimestamp (so replaying old data does not roll on every
+    /// append), or, when the first batch has no timestamp, `now_ms` minus the
+    /// time this process created or opened the segment.
+    pub fn age_ms(&self, now_ms: i64, incoming_max_timestamp: i64) -> i64 {
+        match self.first_batch_max_timestamp {
+            Some(ts) if ts >= 0 => incoming_max_timestamp.saturating_sub(ts),
+            _ => now_ms.saturating_sub(self.created_ms),
+        }
     }
 
     /// Sets what recovery learned without scanning (a sealed segment's end is
@@ -187,13 +188,13 @@ impl Segment {
 
     /// The offset `offset` relative to the base, if it fits an index entry.
     fn relative(&self, offset: i64) -> Option<u32> {
-        u32::try_from(offset - self.base_offset).ok()
+        u32::try_from(offset.checked_sub(self.base_offset)?).ok()
     }
 
     /// Whether appending `bytes` more bytes ending at `last_offset` would
     /// overflow the u32 positions or i32 relative offsets of the indexes.
     pub fn would_overflow(&self, bytes: u64, last_offset: i64) -> bool {
-        self.size_bytes + bytes > u32::MAX as u64 || last_offset - self.base_offset > i32::MAX as i64
+        self.size_bytes + bytes > u32::MAX as u64 || last_offset.saturating_sub(self.base_offset) > i32::MAX as i64
     }
 
     /// Makes this the active segment: opens the writer, preallocates the indexes.
@@ -243,7 +244,7 @@ impl Segment {
         Ok(BatchMeta {
             position,
             base_offset: header.base_offset(),
-            last_offset: header.last_offset(),
+            last_offset: header.base_offset().saturating_add(header.last_offset_delta() as i64),
             max_timestamp: header.max_timestamp(),
             total_bytes: total as u64,
         })
@@ -515,7 +516,7 @@ pub(crate) fn walk(
         let meta = BatchMeta {
             position,
             base_offset: header.base_offset(),
-            last_offset: header.last_offset(),
+            last_offset: header.base_offset().saturating_add(header.last_offset_delta() as i64),
             max_timestamp: header.max_timestamp(),
             total_bytes: total as u64,
         };
