@@ -118,7 +118,6 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "process.roles",
     "controller.quorum.voters",
     "controller.quorum.bootstrap.servers",
-    "controller.listener.names",
     "inter.broker.listener.name",
     "listener.security.protocol.map",
     "num.network.threads",
@@ -166,6 +165,7 @@ impl BrokerConfig {
         let mut flush_ms_set = false;
         let mut roll_ms_set = false;
         let mut retention_set_by: u8 = 0; // 3 = ms, 2 = minutes, 1 = hours: the finest unit wins
+        let mut controller_listener_names: Vec<String> = Vec::new();
         for (key, value, at) in &entries {
             let invalid = |reason: String| ConfigError::Invalid {
                 origin: at.clone(),
@@ -250,12 +250,19 @@ impl BrokerConfig {
                     config.fetch_session_cache_slots = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize
                 }
                 "fetch.max.bytes" => config.fetch_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize,
+                // A KRaft combined node lists its controller listener in `listeners`;
+                // Strand has no separate controller endpoint, so it is not bound.
+                "controller.listener.names" => {
+                    controller_listener_names = value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+                }
                 k if ACCEPTED_UNUSED_KEYS.contains(&k) => {
                     tracing::info!(key = k, origin = %at, "config key accepted but not used by Strand");
                 }
                 k => tracing::warn!(key = k, origin = %at, "unknown config key ignored"),
             }
         }
+        config.listeners.retain(|l| !controller_listener_names.contains(&l.name));
+        config.advertised_listeners.retain(|l| !controller_listener_names.contains(&l.name));
         if !advertised_set {
             config.advertised_listeners = config
                 .listeners
@@ -388,6 +395,17 @@ mod tests {
     fn finest_retention_unit_wins_whatever_the_order() {
         let c = BrokerConfig::from_properties("log.retention.ms=5\nlog.retention.hours=1\n", "t", &[]).unwrap();
         assert_eq!(c.log.retention_ms, 5);
+    }
+
+    #[test]
+    fn kraft_combined_node_file_is_accepted_without_its_controller_listener() {
+        let text = "process.roles=broker,controller\nnode.id=1\ncontroller.quorum.voters=1@localhost:9093\n\
+                    listeners=PLAINTEXT://:9092,CONTROLLER://:9093\ncontroller.listener.names=CONTROLLER\n\
+                    advertised.listeners=PLAINTEXT://localhost:9092\n";
+        let c = BrokerConfig::from_properties(text, "t", &[]).unwrap();
+        assert_eq!(c.listeners.len(), 1);
+        assert_eq!(c.listeners[0].name, "PLAINTEXT");
+        assert_eq!(c.advertised_listeners[0].host, "localhost");
     }
 
     #[test]
