@@ -139,7 +139,7 @@ impl Log {
             config,
             segments: recovered.segments,
             log_start_offset: recovered.log_start_offset,
-            recovery_point: 0,
+            recovery_point: recovered.recovery_point,
             messages_since_flush: 0,
             last_flush_ms: now_ms,
         };
@@ -148,9 +148,7 @@ impl Log {
         // Recovered data may only be in the page cache: make it durable
         // before calling it flushed, and mark the log open (unclean) so a
         // crash from now on is detected.
-        for segment in log.segments.values() {
-            segment.flush()?;
-        }
+        log.sync_from_recovery_point()?;
         log.recovery_point = log.log_end_offset();
         log.write_checkpoint(false)?;
         info!(
@@ -337,14 +335,20 @@ impl Log {
         if self.recovery_point >= log_end_offset {
             return Ok(());
         }
-        // Segments from the one holding the recovery point on may have unflushed data.
+        self.sync_from_recovery_point()?;
+        self.recovery_point = log_end_offset;
+        self.messages_since_flush = 0;
+        self.write_checkpoint(false)
+    }
+
+    /// fsyncs the segments that may hold data past the recovery point: the
+    /// one holding it and every later one.
+    fn sync_from_recovery_point(&self) -> Result<()> {
         let from = self.segments.range(..=self.recovery_point).next_back().map_or(i64::MIN, |(&b, _)| b);
         for segment in self.segments.range(from..).map(|(_, s)| s) {
             segment.flush()?;
         }
-        self.recovery_point = log_end_offset;
-        self.messages_since_flush = 0;
-        self.write_checkpoint(false)
+        Ok(())
     }
 
     /// Flushes if `flush_interval_ms` has passed since the last flush and there is unflushed data.

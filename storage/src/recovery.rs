@@ -26,6 +26,8 @@ pub(crate) struct Recovered {
     /// Every segment; the last is not yet activated.
     pub segments: BTreeMap<i64, Segment>,
     pub log_start_offset: i64,
+    /// The checkpoint's recovery point: data from here on may not be on disk yet.
+    pub recovery_point: i64,
 }
 
 /// Parses `<20 digits>.<suffix>` into the base offset.
@@ -88,7 +90,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         }
         let segment = Segment::create(dir, checkpoint_start, config.index_max_bytes, now_ms)?;
         segments.insert(checkpoint_start, segment);
-        return Ok(Recovered { segments, log_start_offset: checkpoint_start });
+        return Ok(Recovered { segments, log_start_offset: checkpoint_start, recovery_point });
     }
     for &base in &log_bases {
         segments.insert(base, Segment::open(dir, base, now_ms)?);
@@ -166,7 +168,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     }
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_start_offset = checkpoint_start.max(first_base).min(log_end_offset);
-    Ok(Recovered { segments, log_start_offset })
+    Ok(Recovered { segments, log_start_offset, recovery_point })
 }
 
 #[cfg(test)]
