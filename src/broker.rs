@@ -62,7 +62,11 @@ impl Broker {
                 addr: addr.to_string(),
                 source,
             })?;
-            let local = socket.local_addr().map_err(|source| StartError::Bind { name: l.name.clone(), addr: addr.to_string(), source })?;
+            let local = socket.local_addr().map_err(|source| StartError::Bind {
+                name: l.name.clone(),
+                addr: addr.to_string(),
+                source,
+            })?;
             for a in config.advertised_listeners.iter_mut().filter(|a| a.name == l.name && a.port == 0) {
                 a.port = local.port();
             }

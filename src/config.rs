@@ -135,8 +135,8 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
 impl BrokerConfig {
     /// Reads a properties file and applies `overrides` (each `key=value`) on top.
     pub fn load(path: &Path, overrides: &[String]) -> Result<BrokerConfig, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::from_properties(&text, &path.display().to_string(), overrides)
     }
 
@@ -175,7 +175,9 @@ impl BrokerConfig {
             };
             config.explicit_keys.insert(key.clone(), value.clone());
             match key.as_str() {
-                "node.id" | "broker.id" => config.node_id = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as i32,
+                "node.id" | "broker.id" => {
+                    config.node_id = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as i32
+                }
                 "listeners" => config.listeners = parse_listeners(value).map_err(invalid)?,
                 "advertised.listeners" => {
                     config.advertised_listeners = parse_listeners(value).map_err(invalid)?;
@@ -195,7 +197,9 @@ impl BrokerConfig {
                 }
                 "auto.create.topics.enable" => config.auto_create_topics_enable = parse_bool(value).map_err(invalid)?,
                 "delete.topic.enable" => config.delete_topic_enable = parse_bool(value).map_err(invalid)?,
-                "log.segment.bytes" => config.log.segment_bytes = parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64,
+                "log.segment.bytes" => {
+                    config.log.segment_bytes = parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64
+                }
                 "log.roll.ms" => {
                     config.log.roll_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?;
                     roll_ms_set = true;
@@ -217,7 +221,9 @@ impl BrokerConfig {
                     retention_set_by = 1;
                 }
                 "log.retention.minutes" | "log.retention.hours" => {}
-                "log.retention.bytes" => config.log.retention_bytes = parse_int(value, -1, i64::MAX).map_err(invalid)?,
+                "log.retention.bytes" => {
+                    config.log.retention_bytes = parse_int(value, -1, i64::MAX).map_err(invalid)?
+                }
                 "log.index.interval.bytes" => {
                     config.log.index_interval_bytes = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as u32
                 }
@@ -239,21 +245,30 @@ impl BrokerConfig {
                     config.log_retention_check_interval_ms = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
                 }
                 "log.cleanup.policy" => config.log_cleanup_policy = parse_cleanup_policy(value).map_err(invalid)?,
-                "message.max.bytes" => config.log.max_batch_bytes = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize,
-                "min.insync.replicas" => config.min_insync_replicas = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32,
+                "message.max.bytes" => {
+                    config.log.max_batch_bytes = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "min.insync.replicas" => {
+                    config.min_insync_replicas = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32
+                }
                 "socket.request.max.bytes" => {
                     config.socket_request_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
                 }
-                "max.connections" => config.max_connections = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize,
+                "max.connections" => {
+                    config.max_connections = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
+                }
                 "num.io.threads" => config.num_io_threads = parse_int(value, 1, 1024).map_err(invalid)? as usize,
                 "max.incremental.fetch.session.cache.slots" => {
                     config.fetch_session_cache_slots = parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize
                 }
-                "fetch.max.bytes" => config.fetch_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize,
+                "fetch.max.bytes" => {
+                    config.fetch_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
+                }
                 // A KRaft combined node lists its controller listener in `listeners`;
                 // Strand has no separate controller endpoint, so it is not bound.
                 "controller.listener.names" => {
-                    controller_listener_names = value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+                    controller_listener_names =
+                        value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
                 }
                 k if ACCEPTED_UNUSED_KEYS.contains(&k) => {
                     tracing::info!(key = k, origin = %at, "config key accepted but not used by Strand");
@@ -268,7 +283,8 @@ impl BrokerConfig {
                 .listeners
                 .iter()
                 .map(|l| {
-                    let host = if l.host.is_empty() || l.host == "0.0.0.0" { "localhost".into() } else { l.host.clone() };
+                    let host =
+                        if l.host.is_empty() || l.host == "0.0.0.0" { "localhost".into() } else { l.host.clone() };
                     Listener { host, ..l.clone() }
                 })
                 .collect();
@@ -303,10 +319,7 @@ impl BrokerConfig {
     /// The advertised listener clients are told about for connections that
     /// arrived on listener `name` (Kafka answers with the same listener name).
     pub fn advertised_for(&self, name: &str) -> &Listener {
-        self.advertised_listeners
-            .iter()
-            .find(|l| l.name == name)
-            .unwrap_or(&self.advertised_listeners[0])
+        self.advertised_listeners.iter().find(|l| l.name == name).unwrap_or(&self.advertised_listeners[0])
     }
 }
 

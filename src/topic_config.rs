@@ -29,25 +29,92 @@ pub struct TopicConfigKey {
 }
 
 pub const TOPIC_CONFIGS: &[TopicConfigKey] = &[
-    TopicConfigKey { name: "cleanup.policy", broker_synonym: "log.cleanup.policy", config_type: ConfigType::List, doc: "delete and/or compact" },
-    TopicConfigKey { name: "compression.type", broker_synonym: "compression.type", config_type: ConfigType::String, doc: "only 'producer': batches are stored as the producer compressed them" },
-    TopicConfigKey { name: "flush.messages", broker_synonym: "log.flush.interval.messages", config_type: ConfigType::Long, doc: "fsync after this many records" },
-    TopicConfigKey { name: "flush.ms", broker_synonym: "log.flush.interval.ms", config_type: ConfigType::Long, doc: "fsync when the last flush is this old" },
-    TopicConfigKey { name: "index.interval.bytes", broker_synonym: "log.index.interval.bytes", config_type: ConfigType::Int, doc: "bytes of log between sparse index entries" },
-    TopicConfigKey { name: "max.message.bytes", broker_synonym: "message.max.bytes", config_type: ConfigType::Int, doc: "largest record batch accepted" },
-    TopicConfigKey { name: "message.timestamp.type", broker_synonym: "log.message.timestamp.type", config_type: ConfigType::String, doc: "only CreateTime" },
-    TopicConfigKey { name: "min.insync.replicas", broker_synonym: "min.insync.replicas", config_type: ConfigType::Int, doc: "replicas that must acknowledge an acks=all produce" },
-    TopicConfigKey { name: "retention.bytes", broker_synonym: "log.retention.bytes", config_type: ConfigType::Long, doc: "size at which old segments are deleted; -1 for none" },
-    TopicConfigKey { name: "retention.ms", broker_synonym: "log.retention.ms", config_type: ConfigType::Long, doc: "age at which old segments are deleted; -1 for none" },
-    TopicConfigKey { name: "segment.bytes", broker_synonym: "log.segment.bytes", config_type: ConfigType::Int, doc: "segment file size at which the log rolls" },
-    TopicConfigKey { name: "segment.index.bytes", broker_synonym: "log.index.size.max.bytes", config_type: ConfigType::Int, doc: "preallocated size of each offset index" },
-    TopicConfigKey { name: "segment.ms", broker_synonym: "log.roll.ms", config_type: ConfigType::Long, doc: "age at which the log rolls" },
+    TopicConfigKey {
+        name: "cleanup.policy",
+        broker_synonym: "log.cleanup.policy",
+        config_type: ConfigType::List,
+        doc: "delete and/or compact",
+    },
+    TopicConfigKey {
+        name: "compression.type",
+        broker_synonym: "compression.type",
+        config_type: ConfigType::String,
+        doc: "only 'producer': batches are stored as the producer compressed them",
+    },
+    TopicConfigKey {
+        name: "flush.messages",
+        broker_synonym: "log.flush.interval.messages",
+        config_type: ConfigType::Long,
+        doc: "fsync after this many records",
+    },
+    TopicConfigKey {
+        name: "flush.ms",
+        broker_synonym: "log.flush.interval.ms",
+        config_type: ConfigType::Long,
+        doc: "fsync when the last flush is this old",
+    },
+    TopicConfigKey {
+        name: "index.interval.bytes",
+        broker_synonym: "log.index.interval.bytes",
+        config_type: ConfigType::Int,
+        doc: "bytes of log between sparse index entries",
+    },
+    TopicConfigKey {
+        name: "max.message.bytes",
+        broker_synonym: "message.max.bytes",
+        config_type: ConfigType::Int,
+        doc: "largest record batch accepted",
+    },
+    TopicConfigKey {
+        name: "message.timestamp.type",
+        broker_synonym: "log.message.timestamp.type",
+        config_type: ConfigType::String,
+        doc: "only CreateTime",
+    },
+    TopicConfigKey {
+        name: "min.insync.replicas",
+        broker_synonym: "min.insync.replicas",
+        config_type: ConfigType::Int,
+        doc: "replicas that must acknowledge an acks=all produce",
+    },
+    TopicConfigKey {
+        name: "retention.bytes",
+        broker_synonym: "log.retention.bytes",
+        config_type: ConfigType::Long,
+        doc: "size at which old segments are deleted; -1 for none",
+    },
+    TopicConfigKey {
+        name: "retention.ms",
+        broker_synonym: "log.retention.ms",
+        config_type: ConfigType::Long,
+        doc: "age at which old segments are deleted; -1 for none",
+    },
+    TopicConfigKey {
+        name: "segment.bytes",
+        broker_synonym: "log.segment.bytes",
+        config_type: ConfigType::Int,
+        doc: "segment file size at which the log rolls",
+    },
+    TopicConfigKey {
+        name: "segment.index.bytes",
+        broker_synonym: "log.index.size.max.bytes",
+        config_type: ConfigType::Int,
+        doc: "preallocated size of each offset index",
+    },
+    TopicConfigKey {
+        name: "segment.ms",
+        broker_synonym: "log.roll.ms",
+        config_type: ConfigType::Long,
+        doc: "age at which the log rolls",
+    },
 ];
 
 /// Broker keys that IncrementalAlterConfigs may change at run time (cluster
 /// default or this broker): the synonyms above that feed topic defaults.
 pub fn is_dynamic_broker_key(key: &str) -> bool {
-    TOPIC_CONFIGS.iter().any(|k| k.broker_synonym == key && k.name != "compression.type" && k.name != "message.timestamp.type")
+    TOPIC_CONFIGS
+        .iter()
+        .any(|k| k.broker_synonym == key && k.name != "compression.type" && k.name != "message.timestamp.type")
 }
 
 pub fn topic_key(name: &str) -> Option<&'static TopicConfigKey> {
@@ -113,7 +180,8 @@ pub fn broker_value(broker: &BrokerConfig, dynamic: &DynamicBrokerConfigs, synon
     if let Some(v) = dynamic.cluster_default.get(synonym) {
         return (v.clone(), ConfigSource::DynamicDefaultBroker);
     }
-    let source = if broker.explicit_keys.contains_key(synonym) { ConfigSource::StaticBroker } else { ConfigSource::Default };
+    let source =
+        if broker.explicit_keys.contains_key(synonym) { ConfigSource::StaticBroker } else { ConfigSource::Default };
     let l = &broker.log;
     let value = match synonym {
         "log.cleanup.policy" => broker.log_cleanup_policy.clone(),
@@ -155,7 +223,11 @@ pub struct EffectiveTopicConfig {
     pub cleanup_policy: String,
 }
 
-pub fn effective(broker: &BrokerConfig, dynamic: &DynamicBrokerConfigs, overrides: &BTreeMap<String, String>) -> EffectiveTopicConfig {
+pub fn effective(
+    broker: &BrokerConfig,
+    dynamic: &DynamicBrokerConfigs,
+    overrides: &BTreeMap<String, String>,
+) -> EffectiveTopicConfig {
     let get = |name: &str| {
         let key = topic_key(name).expect("known key");
         topic_value(broker, dynamic, overrides, key).0

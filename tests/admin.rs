@@ -20,7 +20,8 @@ use rdkafka::TopicPartitionList;
 use strand::{Broker, BrokerConfig, BrokerHandle};
 
 async fn start(dir: &std::path::Path) -> BrokerHandle {
-    let props = format!("listeners=PLAINTEXT://127.0.0.1:0\nlog.dirs={}\nauto.create.topics.enable=false\n", dir.display());
+    let props =
+        format!("listeners=PLAINTEXT://127.0.0.1:0\nlog.dirs={}\nauto.create.topics.enable=false\n", dir.display());
     Broker::start(BrokerConfig::from_properties(&props, "test", &[]).unwrap()).await.unwrap()
 }
 

@@ -26,7 +26,8 @@ const CODECS: &[&str] = &["none", "gzip", "snappy", "lz4", "zstd"];
 const BASE_TIMESTAMP_MS: i64 = 1_700_000_000_000;
 
 async fn start(dir: &std::path::Path) -> BrokerHandle {
-    let props = format!("listeners=PLAINTEXT://127.0.0.1:0\nlog.dirs={}\nauto.create.topics.enable=false\n", dir.display());
+    let props =
+        format!("listeners=PLAINTEXT://127.0.0.1:0\nlog.dirs={}\nauto.create.topics.enable=false\n", dir.display());
     let config = BrokerConfig::from_properties(&props, "test", &[]).expect("config");
     Broker::start(config).await.expect("broker starts")
 }
@@ -97,7 +98,10 @@ fn produce(bootstrap: &str, topic: &str, codec: &str) -> HashMap<usize, (i32, i6
         loop {
             match producer.send(record) {
                 Ok(()) => break,
-                Err((rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), r)) => {
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                    r,
+                )) => {
                     record = r;
                     producer.poll(Duration::from_millis(10));
                 }
@@ -162,9 +166,7 @@ fn consume_and_check(bootstrap: &str, topic: &str, codec: &str, delivered: &Hash
 
 fn watermarks(bootstrap: &str, topic: &str) -> Vec<(i64, i64)> {
     let consumer: BaseConsumer = ClientConfig::new().set("bootstrap.servers", bootstrap).create().expect("consumer");
-    (0..PARTITIONS)
-        .map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks"))
-        .collect()
+    (0..PARTITIONS).map(|p| consumer.fetch_watermarks(topic, p, Duration::from_secs(10)).expect("watermarks")).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

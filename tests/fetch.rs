@@ -22,7 +22,11 @@ fn name(s: &str) -> TopicName {
 }
 
 fn fetch_partition(p: i32, offset: i64, max_bytes: i32) -> FetchPartition {
-    FetchPartition::default().with_partition(p).with_fetch_offset(offset).with_partition_max_bytes(max_bytes).with_log_start_offset(-1)
+    FetchPartition::default()
+        .with_partition(p)
+        .with_fetch_offset(offset)
+        .with_partition_max_bytes(max_bytes)
+        .with_log_start_offset(-1)
 }
 
 fn fetch(topic: FetchTopic, max_wait_ms: i32, min_bytes: i32, max_bytes: i32) -> FetchRequest {
@@ -57,7 +61,12 @@ async fn long_poll_is_woken_by_an_append() {
     let mut conn = RawConn::connect(broker.addr()).await;
     // max_wait (8 s) is below the raw connection's 10 s read timeout: an unwoken
     // poll comes back empty and fails the assertion below.
-    let req = fetch(FetchTopic::default().with_topic(name("poll")).with_partitions(vec![fetch_partition(0, 0, 1 << 20)]), 8_000, 1, 1 << 20);
+    let req = fetch(
+        FetchTopic::default().with_topic(name("poll")).with_partitions(vec![fetch_partition(0, 0, 1 << 20)]),
+        8_000,
+        1,
+        1 << 20,
+    );
     let waiting = tokio::spawn(async move { conn.call(&req, 12).await });
     // The fetch must be parked before the produce for the test to mean anything;
     // producing takes a new connection and a metadata round trip, plenty of time,
@@ -69,7 +78,12 @@ async fn long_poll_is_woken_by_an_append() {
 
     // Nothing to read and a short max wait: an empty, error-free answer.
     let mut conn = RawConn::connect(broker.addr()).await;
-    let req = fetch(FetchTopic::default().with_topic(name("poll")).with_partitions(vec![fetch_partition(0, 1, 1 << 20)]), 100, 1, 1 << 20);
+    let req = fetch(
+        FetchTopic::default().with_topic(name("poll")).with_partitions(vec![fetch_partition(0, 1, 1 << 20)]),
+        100,
+        1,
+        1 << 20,
+    );
     let resp = conn.call(&req, 12).await;
     assert_eq!(resp.responses[0].partitions[0].error_code, 0);
     assert_eq!(records_len(&resp, 0), 0);
@@ -89,12 +103,28 @@ async fn byte_limits_and_out_of_range() {
     }
     let mut conn = RawConn::connect(broker.addr()).await;
     let all = conn
-        .call(&fetch(FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 0, 1 << 20)]), 0, 0, 1 << 20), 12)
+        .call(
+            &fetch(
+                FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 0, 1 << 20)]),
+                0,
+                0,
+                1 << 20,
+            ),
+            12,
+        )
         .await;
     let whole = records_len(&all, 0);
     // One byte per partition: still exactly one whole batch.
     let one = conn
-        .call(&fetch(FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 0, 1)]), 0, 0, 1 << 20), 12)
+        .call(
+            &fetch(
+                FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 0, 1)]),
+                0,
+                0,
+                1 << 20,
+            ),
+            12,
+        )
         .await;
     let first = records_len(&one, 0);
     assert!(first > 0 && first * 5 == whole, "one batch of five equal batches ({first} of {whole} bytes)");
@@ -102,7 +132,9 @@ async fn byte_limits_and_out_of_range() {
     let two = conn
         .call(
             &fetch(
-                FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 0, 1 << 20), fetch_partition(1, 0, 1 << 20)]),
+                FetchTopic::default()
+                    .with_topic(name("limits"))
+                    .with_partitions(vec![fetch_partition(0, 0, 1 << 20), fetch_partition(1, 0, 1 << 20)]),
                 0,
                 0,
                 1,
@@ -114,7 +146,15 @@ async fn byte_limits_and_out_of_range() {
     assert_eq!(records_len(&two, 1), 0);
     // Beyond the log end: OFFSET_OUT_OF_RANGE (1).
     let out = conn
-        .call(&fetch(FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 99, 1 << 20)]), 0, 0, 1 << 20), 12)
+        .call(
+            &fetch(
+                FetchTopic::default().with_topic(name("limits")).with_partitions(vec![fetch_partition(0, 99, 1 << 20)]),
+                0,
+                0,
+                1 << 20,
+            ),
+            12,
+        )
         .await;
     assert_eq!(out.responses[0].partitions[0].error_code, 1);
     broker.shutdown().await;
@@ -133,7 +173,11 @@ async fn incremental_fetch_sessions() {
 
     // Topic id from Metadata, for v13 requests.
     let md = conn
-        .call(&MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name("sess")))])), 12)
+        .call(
+            &MetadataRequest::default()
+                .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name("sess")))])),
+            12,
+        )
         .await;
     let topic_id = md.topics[0].topic_id;
     assert_ne!(topic_id, Uuid::nil());
@@ -147,9 +191,14 @@ async fn incremental_fetch_sessions() {
             }
         };
         // Full fetch opening a session.
-        let open = fetch(topic().with_partitions(vec![fetch_partition(0, 0, 1 << 20), fetch_partition(1, 0, 1 << 20)]), 0, 0, 1 << 20)
-            .with_session_id(0)
-            .with_session_epoch(0);
+        let open = fetch(
+            topic().with_partitions(vec![fetch_partition(0, 0, 1 << 20), fetch_partition(1, 0, 1 << 20)]),
+            0,
+            0,
+            1 << 20,
+        )
+        .with_session_id(0)
+        .with_session_epoch(0);
         let resp = conn.call(&open, version).await;
         let session = resp.session_id;
         assert_ne!(session, 0, "v{version}: a session was created");
@@ -165,7 +214,8 @@ async fn incremental_fetch_sessions() {
             fetch(topic().with_partitions(parts), 0, 0, 1 << 20).with_session_id(session).with_session_epoch(epoch)
         };
         // The client moves both fetch positions to the ends it has read to.
-        let resp = conn.call(&inc(1, vec![fetch_partition(0, hw0, 1 << 20), fetch_partition(1, hw1, 1 << 20)]), version).await;
+        let resp =
+            conn.call(&inc(1, vec![fetch_partition(0, hw0, 1 << 20), fetch_partition(1, hw1, 1 << 20)]), version).await;
         assert_eq!(resp.error_code, 0);
         assert_eq!(partitions_in(&resp), Vec::<i32>::new(), "v{version}: unchanged partitions are left out");
 
@@ -197,7 +247,15 @@ async fn incremental_fetch_sessions() {
 
     // An unknown topic id is UNKNOWN_TOPIC_ID (100).
     let resp = conn
-        .call(&fetch(FetchTopic::default().with_topic_id(Uuid::new_v4()).with_partitions(vec![fetch_partition(0, 0, 1024)]), 0, 0, 1024), 13)
+        .call(
+            &fetch(
+                FetchTopic::default().with_topic_id(Uuid::new_v4()).with_partitions(vec![fetch_partition(0, 0, 1024)]),
+                0,
+                0,
+                1024,
+            ),
+            13,
+        )
         .await;
     assert_eq!(resp.responses[0].partitions[0].error_code, 100);
     broker.shutdown().await;
@@ -215,7 +273,8 @@ async fn list_offsets_by_timestamp() {
     tokio::task::spawn_blocking(move || {
         // One lz4 batch of records stamped 1000, 2000, 3000, then one of 5000, 4000.
         for stamps in [&[1000i64, 2000, 3000][..], &[5000, 4000][..]] {
-            let producer: ThreadedProducer<_> = producer_config(&b).set("linger.ms", "200").set("compression.codec", "lz4").create().unwrap();
+            let producer: ThreadedProducer<_> =
+                producer_config(&b).set("linger.ms", "200").set("compression.codec", "lz4").create().unwrap();
             for ts in stamps {
                 producer.send(BaseRecord::<(), _>::to("times").partition(0).payload("x").timestamp(*ts)).unwrap();
             }
@@ -240,13 +299,13 @@ async fn list_offsets_by_timestamp() {
     assert_eq!(
         results,
         vec![
-            (1500, 1, 2000),  // first record at or after 1500
+            (1500, 1, 2000), // first record at or after 1500
             (3000, 2, 3000),
-            (3500, 3, 5000),  // the second batch's first record is 5000
-            (6000, -1, -1),   // nothing that late
-            (-3, 3, 5000),    // max timestamp
-            (-2, 0, -1),      // earliest
-            (-1, 5, -1),      // latest
+            (3500, 3, 5000), // the second batch's first record is 5000
+            (6000, -1, -1),  // nothing that late
+            (-3, 3, 5000),   // max timestamp
+            (-2, 0, -1),     // earliest
+            (-1, 5, -1),     // latest
         ]
     );
     broker.shutdown().await;

@@ -97,7 +97,13 @@ fn create_one(
     let configs: Vec<(String, Option<String>)> =
         t.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
     let overrides = ReplicaManager::validate_configs(&configs)?;
-    let topic = ctx.state.replicas.create_topic(t.name.0.as_str(), partitions, replication_factor, overrides.clone(), validate_only)?;
+    let topic = ctx.state.replicas.create_topic(
+        t.name.0.as_str(),
+        partitions,
+        replication_factor,
+        overrides.clone(),
+        validate_only,
+    )?;
     let count = if validate_only {
         if partitions == -1 {
             ctx.state.config().num_partitions
@@ -152,7 +158,9 @@ pub fn delete_topics(ctx: &RequestContext, req: DeleteTopicsRequest) -> DeleteTo
             });
             let base = DeletableTopicResult::default();
             match outcome {
-                Ok((n, deleted_id)) => base.with_name(Some(TopicName(str_bytes(&n)))).with_topic_id(deleted_id).with_error_code(0),
+                Ok((n, deleted_id)) => {
+                    base.with_name(Some(TopicName(str_bytes(&n)))).with_topic_id(deleted_id).with_error_code(0)
+                }
                 Err(e) => base
                     .with_name(name.map(|n| TopicName(StrBytes::from_string(n))))
                     .with_topic_id(id)
@@ -199,9 +207,13 @@ pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> Delete
                 .into_iter()
                 .map(|p| {
                     let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
-                    let Some(partition) = topic.as_ref().and_then(|t| usize::try_from(p.partition_index).ok().and_then(|i| t.partitions.get(i)))
+                    let Some(partition) = topic
+                        .as_ref()
+                        .and_then(|t| usize::try_from(p.partition_index).ok().and_then(|i| t.partitions.get(i)))
                     else {
-                        return base.with_error_code(ResponseError::UnknownTopicOrPartition.code()).with_low_watermark(-1);
+                        return base
+                            .with_error_code(ResponseError::UnknownTopicOrPartition.code())
+                            .with_low_watermark(-1);
                     };
                     let offsets = match partition.offsets() {
                         Ok(o) => o,
@@ -210,7 +222,9 @@ pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> Delete
                     // -1 means "up to the high watermark"; beyond it is out of range.
                     let target = if p.offset == -1 { offsets.high_watermark } else { p.offset };
                     if target < 0 || target > offsets.high_watermark {
-                        return base.with_error_code(ResponseError::OffsetOutOfRange.code()).with_low_watermark(offsets.log_start_offset);
+                        return base
+                            .with_error_code(ResponseError::OffsetOutOfRange.code())
+                            .with_low_watermark(offsets.log_start_offset);
                     }
                     if target <= offsets.log_start_offset {
                         return base.with_error_code(0).with_low_watermark(offsets.log_start_offset);

@@ -10,7 +10,9 @@ use super::RequestContext;
 fn api_keys() -> Vec<ApiVersion> {
     SUPPORTED
         .iter()
-        .map(|(key, lo, hi)| ApiVersion::default().with_api_key(*key as i16).with_min_version(*lo).with_max_version(*hi))
+        .map(|(key, lo, hi)| {
+            ApiVersion::default().with_api_key(*key as i16).with_min_version(*lo).with_max_version(*hi)
+        })
         .collect()
 }
 
@@ -20,7 +22,5 @@ pub fn handle(_ctx: &RequestContext, _req: ApiVersionsRequest) -> ApiVersionsRes
 
 /// The v0 answer to an ApiVersions request at a version we do not know (KIP-511).
 pub fn unsupported_version_response() -> ApiVersionsResponse {
-    ApiVersionsResponse::default()
-        .with_error_code(ResponseError::UnsupportedVersion.code())
-        .with_api_keys(api_keys())
+    ApiVersionsResponse::default().with_error_code(ResponseError::UnsupportedVersion.code()).with_api_keys(api_keys())
 }

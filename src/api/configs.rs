@@ -3,7 +3,9 @@
 use std::collections::BTreeMap;
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym};
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
+};
 use kafka_protocol::messages::incremental_alter_configs_response::AlterConfigsResourceResponse;
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
@@ -34,7 +36,9 @@ struct Entry {
 /// Static broker settings reported by DescribeConfigs (read-only).
 fn static_broker_entries(ctx: &RequestContext) -> Vec<Entry> {
     let c = ctx.state.config();
-    let join = |ls: &[crate::config::Listener]| ls.iter().map(|l| format!("{}://{}:{}", l.name, l.host, l.port)).collect::<Vec<_>>().join(",");
+    let join = |ls: &[crate::config::Listener]| {
+        ls.iter().map(|l| format!("{}://{}:{}", l.name, l.host, l.port)).collect::<Vec<_>>().join(",")
+    };
     let items: Vec<(&str, String, ConfigType)> = vec![
         ("node.id", c.node_id.to_string(), ConfigType::Int),
         ("listeners", join(&c.listeners), ConfigType::String),
@@ -63,7 +67,11 @@ fn static_broker_entries(ctx: &RequestContext) -> Vec<Entry> {
         .collect()
 }
 
-fn broker_synonyms(ctx: &RequestContext, dynamic: &DynamicBrokerConfigs, synonym: &str) -> Vec<(String, String, ConfigSource)> {
+fn broker_synonyms(
+    ctx: &RequestContext,
+    dynamic: &DynamicBrokerConfigs,
+    synonym: &str,
+) -> Vec<(String, String, ConfigSource)> {
     let mut out = Vec::new();
     if let Some(v) = dynamic.this_broker.get(synonym) {
         out.push((synonym.to_string(), v.clone(), ConfigSource::DynamicBroker));
@@ -87,7 +95,15 @@ fn topic_entries(ctx: &RequestContext, overrides: &BTreeMap<String, String>) -> 
                 synonyms.push((key.name.to_string(), v.clone(), ConfigSource::DynamicTopic));
             }
             synonyms.extend(broker_synonyms(ctx, &dynamic, key.broker_synonym));
-            Entry { name: key.name.to_string(), value, source, read_only: false, config_type: key.config_type, doc: key.doc, synonyms }
+            Entry {
+                name: key.name.to_string(),
+                value,
+                source,
+                read_only: false,
+                config_type: key.config_type,
+                doc: key.doc,
+                synonyms,
+            }
         })
         .collect()
 }
@@ -117,7 +133,9 @@ pub fn describe(ctx: &RequestContext, req: DescribeConfigsRequest) -> DescribeCo
         .into_iter()
         .map(|r| {
             let name = r.resource_name.to_string();
-            let base = DescribeConfigsResult::default().with_resource_type(r.resource_type).with_resource_name(r.resource_name.clone());
+            let base = DescribeConfigsResult::default()
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name.clone());
             let entries = match r.resource_type {
                 RESOURCE_TOPIC => match ctx.state.replicas.topic(&name) {
                     Some(t) => Ok(topic_entries(ctx, &t.configs)),
@@ -128,9 +146,12 @@ pub fn describe(ctx: &RequestContext, req: DescribeConfigsRequest) -> DescribeCo
                 other => Err((ResponseError::InvalidRequest, format!("resource type {other} is not supported"))),
             };
             match entries {
-                Err((code, msg)) => base.with_error_code(code.code()).with_error_message(Some(StrBytes::from_string(msg))),
+                Err((code, msg)) => {
+                    base.with_error_code(code.code()).with_error_message(Some(StrBytes::from_string(msg)))
+                }
                 Ok(entries) => {
-                    let wanted: Option<Vec<String>> = r.configuration_keys.map(|k| k.iter().map(|s| s.to_string()).collect());
+                    let wanted: Option<Vec<String>> =
+                        r.configuration_keys.map(|k| k.iter().map(|s| s.to_string()).collect());
                     let configs = entries
                         .into_iter()
                         .filter(|e| wanted.as_ref().is_none_or(|w| w.contains(&e.name)))
@@ -156,7 +177,11 @@ pub fn describe(ctx: &RequestContext, req: DescribeConfigsRequest) -> DescribeCo
                                 .with_is_sensitive(false)
                                 .with_synonyms(synonyms)
                                 .with_config_type(e.config_type as i8)
-                                .with_documentation(if req.include_documentation { Some(str_bytes(e.doc)) } else { None })
+                                .with_documentation(if req.include_documentation {
+                                    Some(str_bytes(e.doc))
+                                } else {
+                                    None
+                                })
                         })
                         .collect();
                     base.with_error_code(0).with_configs(configs)
@@ -200,7 +225,8 @@ fn apply_ops(
                 }
                 let v = value.ok_or_else(|| format!("operation on {name} needs a value"))?;
                 let existing = next.get(&name).cloned().unwrap_or_default();
-                let mut items: Vec<String> = existing.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
+                let mut items: Vec<String> =
+                    existing.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect();
                 for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
                     if op.config_operation == OP_APPEND {
                         if !items.iter().any(|i| i == item) {
@@ -253,16 +279,24 @@ pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResp
             let outcome: Result<(), (i16, String)> = match r.resource_type {
                 RESOURCE_TOPIC => (|| {
                     if ctx.state.replicas.topic(&name).is_none() {
-                        return Err((ResponseError::UnknownTopicOrPartition.code(), format!("topic {name} does not exist")));
+                        return Err((
+                            ResponseError::UnknownTopicOrPartition.code(),
+                            format!("topic {name} does not exist"),
+                        ));
                     }
-                    let next = validate_all(&topic_config::validate_topic_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    let next = validate_all(&topic_config::validate_topic_value)
+                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
                     if req.validate_only {
                         return Ok(());
                     }
-                    ctx.state.replicas.set_topic_configs(&name, next).map_err(|e| (error::topic_code(&e), e.to_string()))
+                    ctx.state
+                        .replicas
+                        .set_topic_configs(&name, next)
+                        .map_err(|e| (error::topic_code(&e), e.to_string()))
                 })(),
                 RESOURCE_BROKER if name.is_empty() || name == node => (|| {
-                    let next = validate_all(&validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    let next =
+                        validate_all(&validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
                     if req.validate_only {
                         return Ok(());
                     }
@@ -271,7 +305,9 @@ pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResp
                         .set_dynamic_broker_configs(name.is_empty(), next)
                         .map_err(|e| (error::topic_code(&e), e.to_string()))
                 })(),
-                RESOURCE_BROKER => Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}"))),
+                RESOURCE_BROKER => {
+                    Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
+                }
                 other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
             };
             let base = alter_configs_response::AlterConfigsResourceResponse::default()
@@ -304,13 +340,17 @@ pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsReque
                     if req.validate_only {
                         return Ok(());
                     }
-                    ctx.state.replicas.set_topic_configs(&name, next).map_err(|e: TopicError| (error::topic_code(&e), e.to_string()))
+                    ctx.state
+                        .replicas
+                        .set_topic_configs(&name, next)
+                        .map_err(|e: TopicError| (error::topic_code(&e), e.to_string()))
                 })(),
                 RESOURCE_BROKER if name.is_empty() || name == node => (|| {
                     let dynamic = ctx.state.replicas.dynamic_configs();
                     let cluster_default = name.is_empty();
                     let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
-                    let next = apply_ops(current, &r.configs, validate_broker_value, is_list).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+                    let next = apply_ops(current, &r.configs, validate_broker_value, is_list)
+                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
                     if req.validate_only {
                         return Ok(());
                     }
@@ -319,10 +359,14 @@ pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsReque
                         .set_dynamic_broker_configs(cluster_default, next)
                         .map_err(|e| (error::topic_code(&e), e.to_string()))
                 })(),
-                RESOURCE_BROKER => Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}"))),
+                RESOURCE_BROKER => {
+                    Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
+                }
                 other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
             };
-            let base = AlterConfigsResourceResponse::default().with_resource_type(r.resource_type).with_resource_name(r.resource_name);
+            let base = AlterConfigsResourceResponse::default()
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name);
             match outcome {
                 Ok(()) => base.with_error_code(0),
                 Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),

@@ -18,7 +18,9 @@ pub fn storage_code(e: &StorageError) -> i16 {
         StorageError::BatchTooLarge { .. } => ResponseError::MessageTooLarge,
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Io { .. } => ResponseError::KafkaStorageError,
-        StorageError::CorruptBehindRecoveryPoint { .. } | StorageError::CorruptFile { .. } => ResponseError::KafkaStorageError,
+        StorageError::CorruptBehindRecoveryPoint { .. } | StorageError::CorruptFile { .. } => {
+            ResponseError::KafkaStorageError
+        }
         #[allow(unreachable_patterns)]
         _ => ResponseError::UnknownServerError,
     };
@@ -32,9 +34,9 @@ pub fn batch_code(e: &BatchError) -> i16 {
         BatchError::CrcMismatch { .. } | BatchError::Truncated { .. } | BatchError::LengthTooSmall { .. } => {
             ResponseError::CorruptMessage.code()
         }
-        BatchError::UnsupportedMagic { .. } | BatchError::InvalidOffsets { .. } | BatchError::UnknownCompression { .. } => {
-            ResponseError::InvalidRecord.code()
-        }
+        BatchError::UnsupportedMagic { .. }
+        | BatchError::InvalidOffsets { .. }
+        | BatchError::UnknownCompression { .. } => ResponseError::InvalidRecord.code(),
     }
 }
 

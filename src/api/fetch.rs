@@ -39,7 +39,8 @@ struct PartitionResult {
 pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
     let uses_ids = ctx.version >= 13;
     let read_committed = req.isolation_level == 1;
-    let topic_key = |name: &TopicName, id: Uuid| if uses_ids { TopicKey::Id(id) } else { TopicKey::Name(name.0.to_string()) };
+    let topic_key =
+        |name: &TopicName, id: Uuid| if uses_ids { TopicKey::Id(id) } else { TopicKey::Name(name.0.to_string()) };
     let mut requested = Vec::new();
     for t in &req.topics {
         let key = topic_key(&t.topic, t.topic_id);
@@ -66,7 +67,8 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
         }
     };
 
-    let targets: Vec<Target> = partitions.into_iter().map(|(key, cached)| resolve(ctx, key, cached, uses_ids)).collect();
+    let targets: Vec<Target> =
+        partitions.into_iter().map(|(key, cached)| resolve(ctx, key, cached, uses_ids)).collect();
     let response_max_bytes = (req.max_bytes.max(0) as usize).min(ctx.state.config().fetch_max_bytes);
     let min_bytes = req.min_bytes.max(0) as usize;
     let deadline = Instant::now() + Duration::from_millis(req.max_wait_ms.clamp(0, MAX_WAIT_MS_CAP) as u64);
@@ -74,7 +76,8 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
 
     let results = loop {
         // Subscribe before reading so an append between the read and the wait is not missed.
-        let mut watchers: Vec<_> = targets.iter().filter_map(|t| t.partition.as_ref().ok()).map(|p| p.subscribe()).collect();
+        let mut watchers: Vec<_> =
+            targets.iter().filter_map(|t| t.partition.as_ref().ok()).map(|p| p.subscribe()).collect();
         for w in &mut watchers {
             w.borrow_and_update();
         }
@@ -115,7 +118,14 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
             }
         }
         if session_id != 0 {
-            sessions.record_sent(session_id, &target.key, offsets.high_watermark, offsets.last_stable_offset, offsets.log_start_offset, had_data);
+            sessions.record_sent(
+                session_id,
+                &target.key,
+                offsets.high_watermark,
+                offsets.last_stable_offset,
+                offsets.log_start_offset,
+                had_data,
+            );
         }
         let data = PartitionData::default()
             .with_partition_index(target.key.1)

@@ -201,7 +201,9 @@ mod tests {
         assert_eq!(partitions.len(), 2);
         // Wrong epoch is refused; forgetting a partition removes it.
         assert_eq!(cache.plan(id, 1, &[], &[]).unwrap_err(), SessionError::InvalidEpoch);
-        let SessionPlan::Incremental { partitions, .. } = cache.plan(id, 2, &[], &[key("a", 0)]).unwrap() else { panic!() };
+        let SessionPlan::Incremental { partitions, .. } = cache.plan(id, 2, &[], &[key("a", 0)]).unwrap() else {
+            panic!()
+        };
         assert_eq!(partitions.len(), 1);
         assert_eq!(cache.plan(999, 1, &[], &[]).unwrap_err(), SessionError::NotFound);
         // Closing.

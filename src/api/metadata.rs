@@ -3,7 +3,9 @@
 //! request both allow it.
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::metadata_response::{MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
 use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use uuid::Uuid;
 
@@ -45,7 +47,9 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
                 match (&requested.name, by_id) {
                     (_, true) => match state.replicas.topic_by_id(&requested.topic_id) {
                         Some(t) => topics.push(topic_metadata(&t, node)),
-                        None => topics.push(topic_error(None, requested.topic_id, ResponseError::UnknownTopicId.code())),
+                        None => {
+                            topics.push(topic_error(None, requested.topic_id, ResponseError::UnknownTopicId.code()))
+                        }
                     },
                     (Some(name), false) => {
                         let name_str = name.0.as_str();
@@ -63,7 +67,11 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
                                 // Lost a race with another creator: report what exists now.
                                 Err(TopicError::AlreadyExists(_)) => match state.replicas.topic(name_str) {
                                     Some(t) => topics.push(topic_metadata(&t, node)),
-                                    None => topics.push(topic_error(Some(name.clone()), Uuid::nil(), ResponseError::LeaderNotAvailable.code())),
+                                    None => topics.push(topic_error(
+                                        Some(name.clone()),
+                                        Uuid::nil(),
+                                        ResponseError::LeaderNotAvailable.code(),
+                                    )),
                                 },
                                 Err(e) => {
                                     tracing::warn!(topic = name_str, error = %e, "auto-creation failed");
@@ -71,7 +79,11 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
                                 }
                             }
                         } else {
-                            topics.push(topic_error(Some(name.clone()), Uuid::nil(), ResponseError::UnknownTopicOrPartition.code()));
+                            topics.push(topic_error(
+                                Some(name.clone()),
+                                Uuid::nil(),
+                                ResponseError::UnknownTopicOrPartition.code(),
+                            ));
                         }
                     }
                     (None, false) => {

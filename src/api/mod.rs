@@ -45,7 +45,13 @@ pub enum Outcome {
 }
 
 /// Handles one request frame (without its size prefix).
-pub async fn handle(state: &Arc<BrokerState>, listener: &str, peer: SocketAddr, frame: Bytes, shutdown: &watch::Receiver<bool>) -> Outcome {
+pub async fn handle(
+    state: &Arc<BrokerState>,
+    listener: &str,
+    peer: SocketAddr,
+    frame: Bytes,
+    shutdown: &watch::Receiver<bool>,
+) -> Outcome {
     // api_key (2) + api_version (2) + correlation_id (4) before anything else.
     if frame.len() < 8 {
         return Outcome::Close(format!("request of {} bytes is shorter than a request header", frame.len()));
@@ -60,7 +66,13 @@ pub async fn handle(state: &Arc<BrokerState>, listener: &str, peer: SocketAddr, 
         if api_key == ApiKey::ApiVersions {
             // KIP-511: answer with v0 and UNSUPPORTED_VERSION so the client can retry with a version we list.
             let body = api_versions::unsupported_version_response();
-            return Outcome::Respond(encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body)));
+            return Outcome::Respond(encode(
+                correlation_id,
+                0,
+                ApiKey::ApiVersions,
+                0,
+                &ResponseKind::ApiVersions(body),
+            ));
         }
         return Outcome::Close(match versions::supported_range(api_key) {
             Some((lo, hi)) => format!("{api_key:?} version {version} is not supported (supported: {lo}..={hi})"),
@@ -102,7 +114,9 @@ pub async fn handle(state: &Arc<BrokerState>, listener: &str, peer: SocketAddr, 
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
         RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
-        RequestKind::IncrementalAlterConfigs(r) => ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r)),
+        RequestKind::IncrementalAlterConfigs(r) => {
+            ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r))
+        }
         other => {
             // versions::SUPPORTED and this match must agree; a mismatch is a bug, not bad input.
             return Outcome::Close(format!("no handler for {:?}", std::mem::discriminant(&other)));

@@ -44,11 +44,17 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
         } else {
             ctx.state.replicas.topic(topic_data.name.0.as_str())
         };
-        let unknown_code = if ctx.version >= 13 { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }.code();
+        let unknown_code =
+            if ctx.version >= 13 { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }
+                .code();
         let mut partition_results = Vec::with_capacity(topic_data.partition_data.len());
         for pd in topic_data.partition_data {
-            let result = if !matches!(acks, -1 | 0 | 1) {
-                PartitionResult::error(pd.index, ResponseError::InvalidRequiredAcks.code(), Some(format!("acks={acks} is not 0, 1 or -1")))
+            let result = if !(-1..=1).contains(&acks) {
+                PartitionResult::error(
+                    pd.index,
+                    ResponseError::InvalidRequiredAcks.code(),
+                    Some(format!("acks={acks} is not 0, 1 or -1")),
+                )
             } else {
                 match &topic {
                     None => PartitionResult::error(pd.index, unknown_code, None),
@@ -100,7 +106,9 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
     };
     let records = match records {
         Some(r) if !r.is_empty() => r,
-        _ => return PartitionResult::error(index, ResponseError::InvalidRecord.code(), Some("no record batches".into())),
+        _ => {
+            return PartitionResult::error(index, ResponseError::InvalidRecord.code(), Some("no record batches".into()))
+        }
     };
     // Producer ids belong to idempotent and transactional producers, which need
     // sequence tracking this broker does not do yet; refusing is honest, silently
@@ -125,7 +133,11 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
         return PartitionResult::error(
             index,
             ResponseError::NotEnoughReplicas.code(),
-            Some(format!("{} in-sync replica(s), min.insync.replicas={}", partition.isr_size(), partition.min_insync_replicas())),
+            Some(format!(
+                "{} in-sync replica(s), min.insync.replicas={}",
+                partition.isr_size(),
+                partition.min_insync_replicas()
+            )),
         );
     }
     // The request buffer is shared; the offsets are patched into a private copy.

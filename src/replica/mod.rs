@@ -178,10 +178,10 @@ impl ReplicaManager {
             if !entry.path().is_dir() {
                 continue;
             }
-            let hosted = name
-                .rsplit_once('-')
-                .and_then(|(t, p)| p.parse::<i32>().ok().map(|p| (t, p)))
-                .is_some_and(|(t, p)| map.by_name.get(t).is_some_and(|topic| p >= 0 && (p as usize) < topic.partitions.len()));
+            let hosted =
+                name.rsplit_once('-').and_then(|(t, p)| p.parse::<i32>().ok().map(|p| (t, p))).is_some_and(|(t, p)| {
+                    map.by_name.get(t).is_some_and(|topic| p >= 0 && (p as usize) < topic.partitions.len())
+                });
             if name.ends_with(".deleting") {
                 if let Err(e) = std::fs::remove_dir_all(entry.path()) {
                     tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove deleted partition directory");
@@ -233,7 +233,8 @@ impl ReplicaManager {
         let mut out = BTreeMap::new();
         for (k, v) in configs {
             let v = v.as_deref().ok_or_else(|| TopicError::InvalidConfig(format!("null value for {k}")))?;
-            let norm = topic_config::validate_topic_value(k, v).map_err(|e| TopicError::InvalidConfig(format!("{k}={v}: {e}")))?;
+            let norm = topic_config::validate_topic_value(k, v)
+                .map_err(|e| TopicError::InvalidConfig(format!("{k}={v}: {e}")))?;
             out.insert(k.clone(), norm);
         }
         Ok(out)
@@ -250,12 +251,17 @@ impl ReplicaManager {
     ) -> Result<Arc<Topic>, TopicError> {
         validate_topic_name(name)?;
         let partitions = if partitions == -1 { self.config.num_partitions } else { partitions };
-        let replication_factor = if replication_factor == -1 { self.config.default_replication_factor } else { replication_factor };
+        let replication_factor =
+            if replication_factor == -1 { self.config.default_replication_factor } else { replication_factor };
         if partitions <= 0 {
-            return Err(TopicError::InvalidPartitions(format!("number of partitions must be positive, got {partitions}")));
+            return Err(TopicError::InvalidPartitions(format!(
+                "number of partitions must be positive, got {partitions}"
+            )));
         }
         if replication_factor <= 0 {
-            return Err(TopicError::InvalidReplicationFactor(format!("replication factor must be positive, got {replication_factor}")));
+            return Err(TopicError::InvalidReplicationFactor(format!(
+                "replication factor must be positive, got {replication_factor}"
+            )));
         }
         if replication_factor > 1 {
             return Err(TopicError::InvalidReplicationFactor(format!(
@@ -267,7 +273,9 @@ impl ReplicaManager {
             return Err(TopicError::AlreadyExists(name.to_string()));
         }
         if let Some(existing) = store.image.topics.keys().find(|t| t.replace('.', "_") == name.replace('.', "_")) {
-            return Err(TopicError::InvalidName(format!("{name} collides with existing topic {existing} ('.' and '_' collide)")));
+            return Err(TopicError::InvalidName(format!(
+                "{name} collides with existing topic {existing} ('.' and '_' collide)"
+            )));
         }
         if self.total_partitions() + partitions as usize > PARTITIONS_MAX {
             return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
@@ -381,7 +389,11 @@ impl ReplicaManager {
     }
 
     /// Replaces the dynamic broker configs (already validated) and reapplies every topic's settings.
-    pub fn set_dynamic_broker_configs(&self, cluster_default: bool, configs: BTreeMap<String, String>) -> Result<(), TopicError> {
+    pub fn set_dynamic_broker_configs(
+        &self,
+        cluster_default: bool,
+        configs: BTreeMap<String, String>,
+    ) -> Result<(), TopicError> {
         let mut store = self.lock_store();
         {
             let mut dynamic = self.dynamic.write().unwrap_or_else(|e| e.into_inner());

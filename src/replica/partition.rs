@@ -145,6 +145,7 @@ impl Partition {
     pub fn maintain(&self, now_ms: i64, retention: bool) -> Result<(), PartitionError> {
         self.with_log(|log| {
             log.flush_if_due(now_ms)?;
+            log.flush_rolled_segments()?;
             if retention {
                 let deleted = log.enforce_retention(now_ms)?;
                 if deleted > 0 {

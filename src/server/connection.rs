@@ -20,7 +20,13 @@ use crate::server::frame::read_frame;
 /// the bound on in-flight work per connection.
 const RESPONSES_QUEUED_MAX: usize = 32;
 
-pub async fn run(state: Arc<BrokerState>, socket: TcpStream, peer: SocketAddr, listener: String, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    state: Arc<BrokerState>,
+    socket: TcpStream,
+    peer: SocketAddr,
+    listener: String,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let (mut reader, writer) = socket.into_split();
     let (tx, rx) = mpsc::channel::<BytesMut>(RESPONSES_QUEUED_MAX);
     let writer_task = tokio::spawn(write_loop(writer, rx, peer));

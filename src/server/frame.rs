@@ -17,7 +17,11 @@ pub enum FrameError {
 }
 
 /// Reads one frame; `Ok(None)` on a clean end of stream between frames.
-pub async fn read_frame<R: AsyncRead + Unpin>(reader: &mut R, max: usize, buf: &mut BytesMut) -> Result<Option<Bytes>, FrameError> {
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
+    max: usize,
+    buf: &mut BytesMut,
+) -> Result<Option<Bytes>, FrameError> {
     let mut size = [0u8; 4];
     match reader.read_exact(&mut size).await {
         Ok(_) => {}

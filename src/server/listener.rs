@@ -11,7 +11,13 @@ use crate::server::connection;
 
 /// Serves one listener until `shutdown` flips to true, then waits for its
 /// connections to finish their in-flight requests.
-pub async fn serve(state: Arc<BrokerState>, listener: TcpListener, listener_name: String, shutdown: watch::Receiver<bool>, permits: Arc<Semaphore>) {
+pub async fn serve(
+    state: Arc<BrokerState>,
+    listener: TcpListener,
+    listener_name: String,
+    shutdown: watch::Receiver<bool>,
+    permits: Arc<Semaphore>,
+) {
     let mut connections = JoinSet::new();
     let mut stop = shutdown.clone();
     loop {
