@@ -1,1 +1,287 @@
-fn main() {}
+//! strand-loadgen: a librdkafka load generator for Strand (or any Kafka broker).
+//!
+//! Goal: throughput and produce latency as a real client sees them.
+//! Method: `--mode produce` sends `--records` records of `--record-size`
+//! bytes through librdkafka's producer (acks, compression, linger and batch
+//! size as given) and records, per record, the time from `send` to its
+//! delivery callback in an HDR histogram; `--mode consume` reads the topic
+//! from the beginning with an assigned consumer. The topic is created with
+//! `--partitions` partitions if it does not exist. Prints one human line and
+//! one JSON line. MB is 10^6 bytes of record values.
+//!
+//! Build: `cargo build --release --features loadgen --bin strand-loadgen`.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use hdrhistogram::Histogram;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Mode {
+    Produce,
+    Consume,
+}
+
+#[derive(Parser, Debug)]
+#[command(name = "strand-loadgen", about = "librdkafka load generator: records/s, MB/s, produce latency")]
+struct Args {
+    /// bootstrap.servers
+    #[arg(long, default_value = "127.0.0.1:9092")]
+    bootstrap: String,
+    #[arg(long, default_value = "loadgen")]
+    topic: String,
+    /// Records to produce (or to consume; consume also stops at the end of every partition).
+    #[arg(long, default_value_t = 200_000)]
+    records: u64,
+    /// Value size in bytes (keys are null).
+    #[arg(long, default_value_t = 1024)]
+    record_size: usize,
+    /// Partitions for the topic if it has to be created.
+    #[arg(long, default_value_t = 1)]
+    partitions: i32,
+    /// acks: all, -1, 0 or 1.
+    #[arg(long, default_value = "all")]
+    acks: String,
+    /// compression.type: none, gzip, snappy, lz4, zstd.
+    #[arg(long, default_value = "none")]
+    compression: String,
+    #[arg(long, default_value_t = 5)]
+    linger_ms: u64,
+    /// batch.size in bytes.
+    #[arg(long, default_value_t = 1_000_000)]
+    batch_size: usize,
+    #[arg(long, value_enum, default_value = "produce")]
+    mode: Mode,
+    /// Seed for the record values (values are pseudo-random, so barely compressible).
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// Delivery-callback latency in microseconds, plus error count.
+struct LatencyContext {
+    histogram: Mutex<Histogram<u64>>,
+    errors: Mutex<(u64, Option<String>)>,
+}
+
+impl ClientContext for LatencyContext {}
+
+impl ProducerContext for LatencyContext {
+    type DeliveryOpaque = Box<Instant>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Self::DeliveryOpaque) {
+        let micros = sent.elapsed().as_micros().max(1) as u64;
+        match result {
+            Ok(_) => {
+                self.histogram.lock().unwrap().saturating_record(micros);
+            }
+            Err((e, _)) => {
+                let mut errors = self.errors.lock().unwrap();
+                errors.0 += 1;
+                errors.1.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+fn base_config(args: &Args) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &args.bootstrap).set("log_level", "3");
+    c
+}
+
+/// Creates the topic unless it exists; returns its partition count.
+fn ensure_topic(args: &Args) -> Result<i32, String> {
+    let consumer: BaseConsumer = base_config(args).create().map_err(|e| e.to_string())?;
+    let existing = |consumer: &BaseConsumer| -> Result<Option<i32>, String> {
+        let md = consumer.fetch_metadata(Some(&args.topic), Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        Ok(md
+            .topics()
+            .first()
+            .filter(|t| t.error().is_none() && !t.partitions().is_empty())
+            .map(|t| t.partitions().len() as i32))
+    };
+    if let Some(n) = existing(&consumer)? {
+        return Ok(n);
+    }
+    let admin: AdminClient<DefaultClientContext> = base_config(args).create().map_err(|e| e.to_string())?;
+    let topic = NewTopic::new(&args.topic, args.partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let results = rt.block_on(admin.create_topics([&topic], &opts)).map_err(|e| e.to_string())?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, e)) => return Err(format!("cannot create topic {t}: {e}")),
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(n) = existing(&consumer)? {
+            return Ok(n);
+        }
+        if Instant::now() > deadline {
+            return Err(format!("topic {} did not appear in metadata", args.topic));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn payload(args: &Args) -> Vec<u8> {
+    let mut state = args.seed;
+    (0..args.record_size)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            (state >> 33) as u8
+        })
+        .collect()
+}
+
+fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+    let context = LatencyContext {
+        histogram: Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")),
+        errors: Mutex::new((0, None)),
+    };
+    let producer: ThreadedProducer<LatencyContext> = base_config(args)
+        .set("acks", &args.acks)
+        .set("compression.type", &args.compression)
+        .set("linger.ms", args.linger_ms.to_string())
+        .set("batch.size", args.batch_size.to_string())
+        .set("enable.idempotence", "false")
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", "1048576")
+        .set("message.timeout.ms", "120000")
+        .create_with_context(context)
+        .map_err(|e| e.to_string())?;
+    let value = payload(args);
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while sent < args.records {
+        let record =
+            BaseRecord::<(), [u8], Box<Instant>>::with_opaque_to(&args.topic, Box::new(Instant::now())).payload(&value);
+        match producer.send(record) {
+            Ok(()) => sent += 1,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                // The local queue is full: wait for deliveries to make room.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(format!("send failed after {sent} records: {e}")),
+        }
+    }
+    producer.flush(Duration::from_secs(300)).map_err(|e| format!("flush: {e}"))?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let context = producer.context();
+    let (errors, first_error) = context.errors.lock().unwrap().clone();
+    let h = context.histogram.lock().unwrap().clone();
+    let rps = args.records as f64 / elapsed;
+    let mbps = rps * args.record_size as f64 / 1e6;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    println!(
+        "produce {} records x {} B to {} ({} partitions, acks={}, compression={}, linger.ms={}, batch.size={}): \
+         {:.2} s, {:.0} records/s, {:.1} MB/s, latency p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms, {} errors",
+        args.records,
+        args.record_size,
+        args.topic,
+        partitions,
+        args.acks,
+        args.compression,
+        args.linger_ms,
+        args.batch_size,
+        elapsed,
+        rps,
+        mbps,
+        ms(0.5),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1000.0,
+        errors
+    );
+    let json = serde_json::json!({
+        "mode": "produce", "topic": args.topic, "partitions": partitions, "records": args.records,
+        "record_size": args.record_size, "acks": args.acks, "compression": args.compression,
+        "linger_ms": args.linger_ms, "batch_size": args.batch_size, "seconds": elapsed,
+        "records_per_sec": rps, "mb_per_sec": mbps,
+        "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1000.0},
+        "errors": errors,
+    });
+    if errors > 0 {
+        println!("{json}");
+        return Err(format!("{errors} records failed, first: {}", first_error.unwrap_or_default()));
+    }
+    Ok(json)
+}
+
+fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+    let consumer: BaseConsumer = base_config(args)
+        .set("group.id", "strand-loadgen")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&args.topic, p, Offset::Beginning).map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    let (mut records, mut bytes, mut at_end) = (0u64, 0u64, std::collections::HashSet::new());
+    let mut idle_since = Instant::now();
+    while records < args.records && at_end.len() < partitions as usize {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                records += 1;
+                bytes += m.payload_len() as u64;
+                at_end.remove(&m.partition());
+                idle_since = Instant::now();
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(format!("consumer error after {records} records: {e}")),
+            None => {
+                if idle_since.elapsed() > Duration::from_secs(30) {
+                    return Err(format!("no records for 30 s after {records}"));
+                }
+            }
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let rps = records as f64 / elapsed;
+    let mbps = bytes as f64 / elapsed / 1e6;
+    println!(
+        "consume {records} records ({bytes} B) from {} ({partitions} partitions): {elapsed:.2} s, {rps:.0} records/s, {mbps:.1} MB/s",
+        args.topic
+    );
+    Ok(serde_json::json!({
+        "mode": "consume", "topic": args.topic, "partitions": partitions, "records": records, "bytes": bytes,
+        "seconds": elapsed, "records_per_sec": rps, "mb_per_sec": mbps,
+    }))
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let result = ensure_topic(&args).and_then(|partitions| match args.mode {
+        Mode::Produce => produce(&args, partitions),
+        Mode::Consume => consume(&args, partitions),
+    });
+    match result {
+        Ok(json) => {
+            println!("{json}");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("strand-loadgen: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
