@@ -44,10 +44,7 @@ fn install_panic_counter() {
     HOOK.call_once(|| {
         let default = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            if std::thread::current()
-                .name()
-                .is_some_and(|n| n.starts_with("tokio-runtime-worker"))
-            {
+            if std::thread::current().name().is_some_and(|n| n.starts_with("tokio-runtime-worker")) {
                 WORKER_PANICS.fetch_add(1, Ordering::SeqCst);
             }
             default(info);
@@ -64,11 +61,8 @@ struct Fixture {
 impl Fixture {
     async fn new() -> Fixture {
         install_panic_counter();
-        let broker = common::start_broker(&[
-            "socket.request.max.bytes=1048576",
-            "auto.create.topics.enable=false",
-        ])
-        .await;
+        let broker =
+            common::start_broker(&["socket.request.max.bytes=1048576", "auto.create.topics.enable=false"]).await;
         common::create_topic(&broker.bootstrap(), TOPIC, 1, &[]).await;
         common::create_topic(&broker.bootstrap(), ALIVE, 1, &[]).await;
         let sentinel = RawConn::connect(broker.addr()).await;
@@ -81,37 +75,18 @@ impl Fixture {
 
     /// The broker is alive and well after `case`.
     async fn check_alive(&mut self, case: &str) {
-        assert_eq!(
-            WORKER_PANICS.load(Ordering::SeqCst),
-            0,
-            "{case}: a broker task panicked"
-        );
-        let req = MetadataRequest::default()
-            .with_topics(Some(vec![MetadataRequestTopic::default()
-                .with_name(Some(TopicName(StrBytes::from_static_str(ALIVE))))]));
+        assert_eq!(WORKER_PANICS.load(Ordering::SeqCst), 0, "{case}: a broker task panicked");
+        let req = MetadataRequest::default().with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_static_str(ALIVE))))
+        ]));
         let resp = self.sentinel.call(&req, 12).await;
         assert_eq!(resp.topics.len(), 1, "{case}: sentinel Metadata");
-        assert_eq!(
-            resp.topics[0].error_code, 0,
-            "{case}: sentinel Metadata error"
-        );
+        assert_eq!(resp.topics[0].error_code, 0, "{case}: sentinel Metadata error");
         let bootstrap = self.broker.bootstrap();
         let value = format!("alive after {case}");
         let (partition, offset) = common::produce_one(&bootstrap, ALIVE, 0, value.as_bytes()).await;
-        let got = common::consume(
-            &bootstrap,
-            ALIVE,
-            partition,
-            offset,
-            1,
-            Duration::from_secs(20),
-        )
-        .await;
-        assert_eq!(
-            got[0],
-            (offset, value.into_bytes()),
-            "{case}: rdkafka round trip"
-        );
+        let got = common::consume(&bootstrap, ALIVE, partition, offset, 1, Duration::from_secs(20)).await;
+        assert_eq!(got[0], (offset, value.into_bytes()), "{case}: rdkafka round trip");
     }
 
     async fn finish(mut self, case: &str) {
@@ -133,27 +108,16 @@ fn header_v1(api_key: i16, version: i16, correlation_id: i32) -> BytesMut {
 }
 
 fn produce_request(topic: &str, partition: i32, records: Vec<u8>) -> ProduceRequest {
-    ProduceRequest::default()
-        .with_acks(-1)
-        .with_timeout_ms(10_000)
-        .with_topic_data(vec![TopicProduceData::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partition_data(vec![PartitionProduceData::default()
-                .with_index(partition)
-                .with_records(Some(Bytes::from(records)))])])
+    ProduceRequest::default().with_acks(-1).with_timeout_ms(10_000).with_topic_data(vec![TopicProduceData::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+        .with_partition_data(vec![PartitionProduceData::default()
+            .with_index(partition)
+            .with_records(Some(Bytes::from(records)))])])
 }
 
 /// (error code, base offset) of the single partition in a produce response.
-async fn produce(
-    conn: &mut RawConn,
-    version: i16,
-    topic: &str,
-    partition: i32,
-    records: Vec<u8>,
-) -> (i16, i64) {
-    let resp = conn
-        .call(&produce_request(topic, partition, records), version)
-        .await;
+async fn produce(conn: &mut RawConn, version: i16, topic: &str, partition: i32, records: Vec<u8>) -> (i16, i64) {
+    let resp = conn.call(&produce_request(topic, partition, records), version).await;
     assert_eq!(resp.responses.len(), 1);
     let p = &resp.responses[0].partition_responses;
     assert_eq!(p.len(), 1);
@@ -163,13 +127,9 @@ async fn produce(
 
 /// ListOffsets latest (the log end offset) of `topic`-0.
 async fn latest_offset(conn: &mut RawConn, topic: &str) -> i64 {
-    let req = ListOffsetsRequest::default()
-        .with_replica_id((-1).into())
-        .with_topics(vec![ListOffsetsTopic::default()
-            .with_name(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partitions(vec![ListOffsetsPartition::default()
-                .with_partition_index(0)
-                .with_timestamp(-1)])]);
+    let req = ListOffsetsRequest::default().with_replica_id((-1).into()).with_topics(vec![ListOffsetsTopic::default()
+        .with_name(TopicName(StrBytes::from_string(topic.to_string())))
+        .with_partitions(vec![ListOffsetsPartition::default().with_partition_index(0).with_timestamp(-1)])]);
     let resp = conn.call(&req, 7).await;
     let p = &resp.topics[0].partitions[0];
     assert_eq!(p.error_code, 0, "ListOffsets error");
@@ -196,16 +156,8 @@ async fn random_bytes_close_the_connection() {
         let _ = c.stream.shutdown().await;
         read_until_closed(&mut c, &format!("noise round {round} (seed {seed})")).await;
     }
-    let served: &[(i16, i16, i16)] = &[
-        (0, 3, 13),
-        (1, 4, 17),
-        (2, 1, 10),
-        (3, 0, 13),
-        (18, 0, 4),
-        (19, 2, 7),
-        (21, 0, 2),
-        (32, 1, 4),
-    ];
+    let served: &[(i16, i16, i16)] =
+        &[(0, 3, 13), (1, 4, 17), (2, 1, 10), (3, 0, 13), (18, 0, 4), (19, 2, 7), (21, 0, 2), (32, 1, 4)];
     for round in 0..48 {
         let (key, lo, hi) = served[rng.below(served.len() as u64) as usize];
         let version = lo + rng.below((hi - lo + 1) as u64) as i16;
@@ -218,18 +170,13 @@ async fn random_bytes_close_the_connection() {
             .with_correlation_id(correlation_id)
             .with_client_id(Some(StrBytes::from_static_str("noise")));
         use kafka_protocol::protocol::Encodable;
-        header
-            .encode(&mut body, api_key.request_header_version(version))
-            .unwrap();
+        header.encode(&mut body, api_key.request_header_version(version)).unwrap();
         let mut noise = vec![0u8; rng.below(512) as usize];
         rng.fill(&mut noise);
         body.put_slice(&noise);
         let mut c = f.conn().await;
         c.write_frame(&body).await.expect("write");
-        let what = format!(
-            "{api_key:?} v{version} with {} random body bytes (seed {seed})",
-            noise.len()
-        );
+        let what = format!("{api_key:?} v{version} with {} random body bytes (seed {seed})", noise.len());
         // Either a response with our correlation id, or a close.
         match c.read_frame().await {
             Ok(frame) => {
@@ -238,10 +185,7 @@ async fn random_bytes_close_the_connection() {
                 assert_eq!(id, correlation_id, "{what}: response correlation id");
             }
             Err(e) => assert!(
-                matches!(
-                    e.kind(),
-                    std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
-                ),
+                matches!(e.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset),
                 "{what}: neither answered nor closed: {e}"
             ),
         }
@@ -283,8 +227,7 @@ async fn oversized_length_prefix_closes_the_connection() {
     let mut body = header_v1(3, 4, 1);
     body.resize(1_048_576, 0x7f);
     c.write_frame(&body).await.unwrap();
-    c.expect_closed("1 MiB frame of a garbage Metadata request")
-        .await;
+    c.expect_closed("1 MiB frame of a garbage Metadata request").await;
     f.finish("oversized length prefix").await;
 }
 
@@ -322,17 +265,9 @@ async fn api_versions_unsupported_version_answers_v0() {
     assert_eq!(header.correlation_id, 4242);
     let resp = ApiVersionsResponse::decode(&mut frame, 0).expect("v0 ApiVersionsResponse");
     assert_eq!(resp.error_code, UNSUPPORTED_VERSION);
-    let produce = resp
-        .api_keys
-        .iter()
-        .find(|k| k.api_key == 0)
-        .expect("Produce listed");
+    let produce = resp.api_keys.iter().find(|k| k.api_key == 0).expect("Produce listed");
     assert!(produce.min_version <= produce.max_version);
-    let av = resp
-        .api_keys
-        .iter()
-        .find(|k| k.api_key == 18)
-        .expect("ApiVersions listed");
+    let av = resp.api_keys.iter().find(|k| k.api_key == 18).expect("ApiVersions listed");
     assert_eq!(av.min_version, 0);
     assert!(av.max_version >= 3);
     // The client retries at the highest version both know, on the same connection.
@@ -366,8 +301,7 @@ async fn unsupported_version_of_other_api_closes_the_connection() {
 async fn bad_crc_is_corrupt_message_and_appends_nothing() {
     let f = Fixture::new().await;
     let mut c = f.conn().await;
-    let good =
-        strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"one", b"two", b"three"]);
+    let good = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"one", b"two", b"three"]);
     let (code, base) = produce(&mut c, 8, TOPIC, 0, good.clone()).await;
     assert_eq!((code, base), (0, 0), "a valid batch is appended");
     let end = latest_offset(&mut c, TOPIC).await;
@@ -379,11 +313,7 @@ async fn bad_crc_is_corrupt_message_and_appends_nothing() {
     for version in [3i16, 8, 9, 12] {
         let (code, _) = produce(&mut c, version, TOPIC, 0, bad.clone()).await;
         assert_eq!(code, CORRUPT_MESSAGE, "Produce v{version} with a bad CRC");
-        assert_eq!(
-            latest_offset(&mut c, TOPIC).await,
-            end,
-            "nothing appended (v{version})"
-        );
+        assert_eq!(latest_offset(&mut c, TOPIC).await, end, "nothing appended (v{version})");
     }
     // The CRC field itself wrong.
     let mut bad_field = good.clone();
@@ -395,36 +325,14 @@ async fn bad_crc_is_corrupt_message_and_appends_nothing() {
     two.extend_from_slice(&bad);
     let (code, _) = produce(&mut c, 9, TOPIC, 0, two).await;
     assert_eq!(code, CORRUPT_MESSAGE, "valid + corrupt batch");
-    assert_eq!(
-        latest_offset(&mut c, TOPIC).await,
-        end,
-        "nothing appended from a partly corrupt request"
-    );
+    assert_eq!(latest_offset(&mut c, TOPIC).await, end, "nothing appended from a partly corrupt request");
     // The same connection still produces.
     let (code, base) = produce(&mut c, 9, TOPIC, 0, good).await;
     assert_eq!((code, base), (0, 3));
     // And consumers read exactly the good records, uncorrupted.
-    let got = common::consume(
-        &f.broker.bootstrap(),
-        TOPIC,
-        0,
-        0,
-        6,
-        Duration::from_secs(20),
-    )
-    .await;
+    let got = common::consume(&f.broker.bootstrap(), TOPIC, 0, 0, 6, Duration::from_secs(20)).await;
     let values: Vec<&[u8]> = got.iter().map(|(_, v)| v.as_slice()).collect();
-    assert_eq!(
-        values,
-        [
-            b"one".as_slice(),
-            b"two",
-            b"three",
-            b"one",
-            b"two",
-            b"three"
-        ]
-    );
+    assert_eq!(values, [b"one".as_slice(), b"two", b"three", b"one", b"two", b"three"]);
     f.finish("bad CRC").await;
 }
 
@@ -437,33 +345,23 @@ async fn unknown_topic_and_partition() {
     let batch = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"x"]);
     for version in [3i16, 9, 12] {
         let (code, _) = produce(&mut c, version, "no-such-topic", 0, batch.clone()).await;
-        assert_eq!(
-            code, UNKNOWN_TOPIC_OR_PARTITION,
-            "unknown topic, Produce v{version}"
-        );
+        assert_eq!(code, UNKNOWN_TOPIC_OR_PARTITION, "unknown topic, Produce v{version}");
         for partition in [1, 7, -1, i32::MAX] {
             let (code, _) = produce(&mut c, version, TOPIC, partition, batch.clone()).await;
-            assert_eq!(
-                code, UNKNOWN_TOPIC_OR_PARTITION,
-                "partition {partition}, Produce v{version}"
-            );
+            assert_eq!(code, UNKNOWN_TOPIC_OR_PARTITION, "partition {partition}, Produce v{version}");
         }
     }
     // Nothing was created or appended.
     let md = c
         .call(
             &MetadataRequest::default()
-                .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(
-                    TopicName(StrBytes::from_static_str("no-such-topic")),
-                ))]))
+                .with_topics(Some(vec![MetadataRequestTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_static_str("no-such-topic"))))]))
                 .with_allow_auto_topic_creation(true),
             12,
         )
         .await;
-    assert_eq!(
-        md.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION,
-        "topic not auto-created"
-    );
+    assert_eq!(md.topics[0].error_code, UNKNOWN_TOPIC_OR_PARTITION, "topic not auto-created");
     assert_eq!(latest_offset(&mut c, TOPIC).await, 0);
     f.finish("unknown topic/partition").await;
 }
@@ -473,31 +371,22 @@ async fn unknown_topic_and_partition() {
 async fn valid_header_bad_body_closes_the_connection() {
     let mut f = Fixture::new().await;
     let good_produce = RawConn::encode_request(
-        &produce_request(
-            TOPIC,
-            0,
-            strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"value"]),
-        ),
+        &produce_request(TOPIC, 0, strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"value"])),
         9,
         5,
     );
     let good_metadata = RawConn::encode_request(
-        &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default()
-            .with_name(Some(TopicName(StrBytes::from_static_str(TOPIC))))])),
+        &MetadataRequest::default().with_topics(Some(vec![
+            MetadataRequestTopic::default().with_name(Some(TopicName(StrBytes::from_static_str(TOPIC))))
+        ])),
         4,
         6,
     );
     let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
     for cut in [good_produce.len() - 1, good_produce.len() - 40, 30] {
-        cases.push((
-            format!("Produce v9 cut to {cut} of {} bytes", good_produce.len()),
-            good_produce[..cut].to_vec(),
-        ));
+        cases.push((format!("Produce v9 cut to {cut} of {} bytes", good_produce.len()), good_produce[..cut].to_vec()));
     }
-    cases.push((
-        "Metadata v4 cut in the topics array".into(),
-        good_metadata[..good_metadata.len() - 3].to_vec(),
-    ));
+    cases.push(("Metadata v4 cut in the topics array".into(), good_metadata[..good_metadata.len() - 3].to_vec()));
     let mut garbage = header_v1(3, 4, 6).to_vec();
     garbage.extend_from_slice(&[0, 0, 0, 1, 0x7f, 0xff]); // one topic whose name claims 32767 bytes
     cases.push(("Metadata v4 with an over-long topic name".into(), garbage));
@@ -507,16 +396,10 @@ async fn valid_header_bad_body_closes_the_connection() {
     bad_client_id.put_i32(6);
     bad_client_id.put_i16(1000); // client id claims 1000 bytes, frame ends
     bad_client_id.put_slice(b"abc");
-    cases.push((
-        "header whose client id runs past the frame".into(),
-        bad_client_id.to_vec(),
-    ));
+    cases.push(("header whose client id runs past the frame".into(), bad_client_id.to_vec()));
     let mut invalid_utf8 = header_v1(3, 4, 6).to_vec();
     invalid_utf8.extend_from_slice(&[0, 0, 0, 1, 0, 2, 0xff, 0xfe, 1]);
-    cases.push((
-        "Metadata v4 with a non-UTF-8 topic name".into(),
-        invalid_utf8,
-    ));
+    cases.push(("Metadata v4 with a non-UTF-8 topic name".into(), invalid_utf8));
     cases.push(("frame shorter than a header".into(), vec![0, 3, 0]));
     cases.push(("empty frame".into(), vec![]));
     for (what, body) in cases {
@@ -532,20 +415,10 @@ async fn valid_header_bad_body_closes_the_connection() {
     c.stream.write_all(&100i32.to_be_bytes()).await.unwrap();
     c.stream.write_all(&good_metadata[..20]).await.unwrap();
     c.stream.shutdown().await.unwrap();
-    let frame = c
-        .read_frame()
-        .await
-        .expect("the complete request is answered");
-    assert_eq!(
-        i32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]),
-        6
-    );
+    let frame = c.read_frame().await.expect("the complete request is answered");
+    assert_eq!(i32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]), 6);
     c.expect_closed("connection ending mid-frame").await;
-    assert_eq!(
-        latest_offset(&mut f.sentinel, TOPIC).await,
-        0,
-        "no partial produce appended"
-    );
+    assert_eq!(latest_offset(&mut f.sentinel, TOPIC).await, 0, "no partial produce appended");
     f.finish("bad body").await;
 }
 
@@ -564,10 +437,8 @@ async fn huge_array_length_closes_the_connection() {
         body.put_u8(1); // allow_auto_topic_creation
         let mut c = f.conn().await;
         c.write_frame(&body).await.unwrap();
-        c.expect_closed(&format!("Metadata v4 claiming {count} topics"))
-            .await;
-        f.check_alive(&format!("Metadata v4 claiming {count} topics"))
-            .await;
+        c.expect_closed(&format!("Metadata v4 claiming {count} topics")).await;
+        f.check_alive(&format!("Metadata v4 claiming {count} topics")).await;
 
         // Metadata v12 (flexible): compact array length is count + 1 as an unsigned varint.
         let mut body = header_v1(3, 12, 12);
@@ -581,10 +452,8 @@ async fn huge_array_length_closes_the_connection() {
         body.put_slice(&[0u8; 16]);
         let mut c = f.conn().await;
         c.write_frame(&body).await.unwrap();
-        c.expect_closed(&format!("Metadata v12 claiming {count} topics"))
-            .await;
-        f.check_alive(&format!("Metadata v12 claiming {count} topics"))
-            .await;
+        c.expect_closed(&format!("Metadata v12 claiming {count} topics")).await;
+        f.check_alive(&format!("Metadata v12 claiming {count} topics")).await;
 
         // Produce v8: topic_data array claiming `count` topics.
         let mut body = header_v1(0, 8, 13);
@@ -594,10 +463,8 @@ async fn huge_array_length_closes_the_connection() {
         body.put_i32(count);
         let mut c = f.conn().await;
         c.write_frame(&body).await.unwrap();
-        c.expect_closed(&format!("Produce v8 claiming {count} topics"))
-            .await;
-        f.check_alive(&format!("Produce v8 claiming {count} topics"))
-            .await;
+        c.expect_closed(&format!("Produce v8 claiming {count} topics")).await;
+        f.check_alive(&format!("Produce v8 claiming {count} topics")).await;
     }
     f.finish("huge array length").await;
 }

@@ -63,8 +63,7 @@ pub async fn start_broker_in(dir: tempfile::TempDir, overrides: &[&str]) -> Test
     let log_dir = dir.path().join("data");
     let text = properties(&log_dir, 0);
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
-    let config = strand::BrokerConfig::from_properties(&text, "test", &overrides)
-        .expect("test config parses");
+    let config = strand::BrokerConfig::from_properties(&text, "test", &overrides).expect("test config parses");
     let handle = strand::Broker::start(config).await.expect("broker starts");
     TestBroker { handle, dir }
 }
@@ -82,10 +81,7 @@ pub fn base_config(bootstrap: &str) -> ClientConfig {
 /// Producer config: acks=all, no idempotence (the broker refuses producer ids for now).
 pub fn producer_config(bootstrap: &str) -> ClientConfig {
     let mut c = base_config(bootstrap);
-    c.set("acks", "all")
-        .set("enable.idempotence", "false")
-        .set("message.timeout.ms", "30000")
-        .set("linger.ms", "5");
+    c.set("acks", "all").set("enable.idempotence", "false").set("message.timeout.ms", "30000").set("linger.ms", "5");
     c
 }
 
@@ -107,12 +103,7 @@ pub fn admin_config(bootstrap: &str) -> ClientConfig {
 
 /// Polls `check` every `interval` until it returns `Some`, or panics with
 /// `what` once `timeout` has passed.
-pub async fn wait_for<T, F, Fut>(
-    what: &str,
-    timeout: Duration,
-    interval: Duration,
-    mut check: F,
-) -> T
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, interval: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -142,29 +133,17 @@ pub fn wait_for_port(addr: SocketAddr, timeout: Duration, mut still_running: imp
         if StdTcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
             return;
         }
-        assert!(
-            still_running(),
-            "the broker exited before accepting on {addr}"
-        );
-        assert!(
-            Instant::now() < deadline,
-            "{addr} did not accept connections within {timeout:?}"
-        );
+        assert!(still_running(), "the broker exited before accepting on {addr}");
+        assert!(Instant::now() < deadline, "{addr} did not accept connections within {timeout:?}");
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 /// Seed for randomised tests: `STRAND_TEST_SEED` if set, else from the clock. Printed.
 pub fn seed(test: &str) -> u64 {
-    let seed = std::env::var("STRAND_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = std::env::var("STRAND_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
     println!("{test}: seed {seed} (rerun with STRAND_TEST_SEED={seed})");
     seed
 }
@@ -208,10 +187,7 @@ impl RawConn {
     pub async fn connect(addr: SocketAddr) -> RawConn {
         let stream = TcpStream::connect(addr).await.expect("connect to broker");
         stream.set_nodelay(true).ok();
-        RawConn {
-            stream,
-            next_correlation_id: 1,
-        }
+        RawConn { stream, next_correlation_id: 1 }
     }
 
     /// Encodes header + body of `req` at `version` (no size prefix).
@@ -223,9 +199,7 @@ impl RawConn {
             .with_correlation_id(correlation_id)
             .with_client_id(Some(StrBytes::from_static_str("strand-raw-test")));
         let mut buf = BytesMut::new();
-        header
-            .encode(&mut buf, api_key.request_header_version(version))
-            .expect("header encodes");
+        header.encode(&mut buf, api_key.request_header_version(version)).expect("header encodes");
         req.encode(&mut buf, version).expect("request encodes");
         buf
     }
@@ -257,31 +231,19 @@ impl RawConn {
         };
         tokio::time::timeout(RAW_TIMEOUT, read)
             .await
-            .unwrap_or_else(|_| {
-                Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no response",
-                ))
-            })
+            .unwrap_or_else(|_| Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "no response")))
     }
 
     /// Sends `req` at `version` and decodes the response, checking the correlation id.
     pub async fn call<R: Request>(&mut self, req: &R, version: i16) -> R::Response {
         let api_key = ApiKey::try_from(R::KEY).expect("known key");
         let id = self.send(req, version).await;
-        let mut frame = self
-            .read_frame()
-            .await
-            .unwrap_or_else(|e| panic!("{api_key:?} v{version}: no response: {e}"));
-        let header = ResponseHeader::decode(&mut frame, api_key.response_header_version(version))
-            .expect("response header");
+        let mut frame = self.read_frame().await.unwrap_or_else(|e| panic!("{api_key:?} v{version}: no response: {e}"));
+        let header =
+            ResponseHeader::decode(&mut frame, api_key.response_header_version(version)).expect("response header");
         assert_eq!(header.correlation_id, id, "correlation id");
         let resp = R::Response::decode(&mut frame, version).expect("response body decodes");
-        assert_eq!(
-            frame.remaining(),
-            0,
-            "{api_key:?} v{version} response has trailing bytes"
-        );
+        assert_eq!(frame.remaining(), 0, "{api_key:?} v{version} response has trailing bytes");
         resp
     }
 
@@ -294,15 +256,9 @@ impl RawConn {
                 panic!("{what}: the broker did not close the connection within {RAW_TIMEOUT:?}")
             }
             Ok(Ok(0)) => {}
-            Ok(Ok(n)) => panic!(
-                "{what}: expected the connection to close, got {n} bytes: {:?}",
-                &buf[..n]
-            ),
+            Ok(Ok(n)) => panic!("{what}: expected the connection to close, got {n} bytes: {:?}", &buf[..n]),
             Ok(Err(e)) => assert!(
-                matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-                ),
+                matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe),
                 "{what}: unexpected read error {e}"
             ),
         }
@@ -313,17 +269,13 @@ impl RawConn {
 pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32, configs: &[(&str, &str)]) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> =
-        admin_config(bootstrap).create().expect("admin client");
+    let admin: AdminClient<DefaultClientContext> = admin_config(bootstrap).create().expect("admin client");
     let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
     for (k, v) in configs {
         new = new.set(k, v);
     }
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-    let results = admin
-        .create_topics([&new], &opts)
-        .await
-        .expect("CreateTopics request");
+    let results = admin.create_topics([&new], &opts).await.expect("CreateTopics request");
     for r in results {
         r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e:?}"));
     }
@@ -333,9 +285,7 @@ pub async fn create_topic(bootstrap: &str, topic: &str, partitions: i32, configs
 pub async fn produce_one(bootstrap: &str, topic: &str, partition: i32, value: &[u8]) -> (i32, i64) {
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = producer_config(bootstrap).create().expect("producer");
-    let record = FutureRecord::<(), [u8]>::to(topic)
-        .partition(partition)
-        .payload(value);
+    let record = FutureRecord::<(), [u8]>::to(topic).partition(partition).payload(value);
     let d = producer
         .send(record, Duration::from_secs(20))
         .await
@@ -357,11 +307,9 @@ pub async fn consume(
 ) -> Vec<(i64, Vec<u8>)> {
     let config = consumer_config(bootstrap);
     let topic = topic.to_string();
-    tokio::task::spawn_blocking(move || {
-        consume_blocking(config, &topic, partition, from, count, timeout)
-    })
-    .await
-    .expect("consumer thread")
+    tokio::task::spawn_blocking(move || consume_blocking(config, &topic, partition, from, count, timeout))
+        .await
+        .expect("consumer thread")
 }
 
 pub fn consume_blocking(
@@ -378,8 +326,7 @@ pub fn consume_blocking(
     use rdkafka::{Message, Offset, TopicPartitionList};
     let consumer: BaseConsumer = config.create().expect("consumer");
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, Offset::Offset(from))
-        .expect("tpl");
+    tpl.add_partition_offset(topic, partition, Offset::Offset(from)).expect("tpl");
     consumer.assign(&tpl).expect("assign");
     let deadline = Instant::now() + timeout;
     let mut out = Vec::with_capacity(count);
@@ -394,10 +341,7 @@ pub fn consume_blocking(
             Some(Ok(m)) => out.push((m.offset(), m.payload().unwrap_or_default().to_vec())),
             Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Err(KafkaError::MessageConsumption(RDKafkaErrorCode::PartitionEOF))) => {}
-            Some(Err(e)) => panic!(
-                "consumer error on {topic}-{partition} after {} records: {e}",
-                out.len()
-            ),
+            Some(Err(e)) => panic!("consumer error on {topic}-{partition} after {} records: {e}", out.len()),
         }
     }
     out
@@ -410,9 +354,7 @@ pub async fn watermarks(bootstrap: &str, topic: &str, partition: i32) -> (i64, i
     let topic = topic.to_string();
     tokio::task::spawn_blocking(move || {
         let consumer: BaseConsumer = config.create().expect("consumer");
-        consumer
-            .fetch_watermarks(&topic, partition, Duration::from_secs(10))
-            .expect("fetch_watermarks")
+        consumer.fetch_watermarks(&topic, partition, Duration::from_secs(10)).expect("fetch_watermarks")
     })
     .await
     .expect("watermarks thread")
