@@ -53,6 +53,9 @@ pub enum BatchError {
     InvalidOffsets { position: usize, record_count: i32, last_offset_delta: i32 },
     /// Compression codec id outside 0..=4.
     UnknownCompression { position: usize, codec: i16 },
+    /// The records inside the batch cannot be decompressed or parsed (only
+    /// found where records are decoded: [`all_records_have_keys`] and the log cleaner).
+    InvalidRecords { position: usize, reason: String },
 }
 
 impl fmt::Display for BatchError {
@@ -75,6 +78,9 @@ impl fmt::Display for BatchError {
             }
             BatchError::UnknownCompression { position, codec } => {
                 write!(f, "batch at byte {position} uses unknown compression codec {codec}")
+            }
+            BatchError::InvalidRecords { position, reason } => {
+                write!(f, "batch at byte {position} has invalid records: {reason}")
             }
         }
     }
@@ -267,6 +273,26 @@ pub fn validate_all(buf: &[u8]) -> Result<BatchesInfo, BatchError> {
         position += total;
     }
     Ok(info)
+}
+
+/// Whether every record of every batch in `batches` (whole batches, as
+/// handed to `append`) has a non-null key, decompressing as needed. The
+/// broker refuses keyless records on `cleanup.policy=compact` topics (Kafka:
+/// INVALID_RECORD, "Compacted topic cannot accept message without key").
+/// Control batches are not checked.
+pub fn all_records_have_keys(batches: &[u8]) -> Result<bool, BatchError> {
+    let mut position = 0;
+    while position < batches.len() {
+        let (header, total) = peek_header(&batches[position..], position)?;
+        if !header.is_control() {
+            let (_, records) = crate::records::decode(&batches[position..position + total], position)?;
+            if records.iter().any(|r| r.key.is_none()) {
+                return Ok(false);
+            }
+        }
+        position += total;
+    }
+    Ok(true)
 }
 
 /// Writes a new base offset into the batch header at the start of `batch`.

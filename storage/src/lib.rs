@@ -17,13 +17,16 @@
 
 pub mod batch;
 mod checkpoint;
+mod cleaner;
 mod error;
 mod index_file;
 pub mod log;
 mod offset_index;
+mod records;
 mod recovery;
 mod segment;
 mod time_index;
 
+pub use cleaner::{CleanJob, CleanStats, CleanedSegments};
 pub use error::StorageError;
 pub use log::{AppendInfo, FileSlice, Log, LogConfig, ReadInfo, TimestampLookup};

@@ -20,6 +20,7 @@ use tracing::info;
 
 use crate::batch::{self, BatchError};
 use crate::checkpoint::Checkpoint;
+use crate::cleaner::{self, CleanJob, CleanStats, CleanedSegments, Source};
 use crate::error::{Result, StorageError};
 use crate::recovery;
 use crate::segment::{BatchMeta, Segment};
@@ -45,6 +46,21 @@ pub struct LogConfig {
     pub flush_interval_ms: i64,
     /// `max.message.bytes` / `message.max.bytes`: largest batch accepted by `append`.
     pub max_batch_bytes: usize,
+    /// `cleanup.policy` / `log.cleanup.policy` contains `delete` (default `delete`):
+    /// time and size retention (`retention.ms`, `retention.bytes`) apply only then.
+    pub cleanup_delete: bool,
+    /// `cleanup.policy` contains `compact`: [`Log::clean`] compacts the log.
+    pub cleanup_compact: bool,
+    /// `delete.retention.ms` / `log.cleaner.delete.retention.ms` (1 day): how long
+    /// tombstones survive compaction, measured from their batch's maxTimestamp.
+    pub delete_retention_ms: i64,
+    /// `min.cleanable.dirty.ratio` / `log.cleaner.min.cleanable.ratio` (0.5), in
+    /// thousandths (500) so the config stays `Eq`: clean when dirty bytes / bytes
+    /// of the cleanable sealed segments reaches it.
+    pub min_cleanable_dirty_ratio_permille: u32,
+    /// `min.compaction.lag.ms` / `log.cleaner.min.compaction.lag.ms` (0): segments
+    /// holding a batch younger than this are not compacted yet.
+    pub min_compaction_lag_ms: i64,
 }
 
 impl Default for LogConfig {
@@ -59,6 +75,11 @@ impl Default for LogConfig {
             flush_interval_messages: u64::MAX,
             flush_interval_ms: i64::MAX,
             max_batch_bytes: 1_048_588,
+            cleanup_delete: true,
+            cleanup_compact: false,
+            delete_retention_ms: 24 * 3600 * 1000,
+            min_cleanable_dirty_ratio_permille: 500,
+            min_compaction_lag_ms: 0,
         }
     }
 }
@@ -124,6 +145,8 @@ pub struct Log {
     segments: BTreeMap<i64, Segment>,
     log_start_offset: i64,
     recovery_point: i64,
+    /// The log cleaner's first dirty offset (persisted in the checkpoint).
+    cleaner_offset: i64,
     messages_since_flush: u64,
     last_flush_ms: i64,
 }
@@ -140,6 +163,7 @@ impl Log {
             segments: recovered.segments,
             log_start_offset: recovered.log_start_offset,
             recovery_point: recovered.recovery_point,
+            cleaner_offset: recovered.cleaner_offset,
             messages_since_flush: 0,
             last_flush_ms: now_ms,
         };
@@ -180,6 +204,10 @@ impl Log {
     pub fn recovery_point(&self) -> i64 {
         self.recovery_point
     }
+    /// The log cleaner's first dirty offset: compaction has seen everything below it.
+    pub fn cleaner_offset(&self) -> i64 {
+        self.cleaner_offset
+    }
     /// Bytes of all segment files.
     pub fn size_bytes(&self) -> u64 {
         self.segments.values().map(Segment::size_bytes).sum()
@@ -196,8 +224,13 @@ impl Log {
     }
 
     fn write_checkpoint(&self, clean_shutdown: bool) -> Result<()> {
-        Checkpoint { recovery_point: self.recovery_point, log_start_offset: self.log_start_offset, clean_shutdown }
-            .write(&self.dir)
+        Checkpoint {
+            recovery_point: self.recovery_point,
+            log_start_offset: self.log_start_offset,
+            cleaner_offset: self.cleaner_offset,
+            clean_shutdown,
+        }
+        .write(&self.dir)
     }
 
     fn out_of_range(&self, offset: i64) -> StorageError {
@@ -423,6 +456,7 @@ impl Log {
         // find the log ending below its recovery point.
         self.recovery_point = self.recovery_point.min(new_end);
         self.log_start_offset = self.log_start_offset.min(new_end);
+        self.cleaner_offset = self.cleaner_offset.min(new_end);
         self.write_checkpoint(false)?;
         let later: Vec<i64> = self.segments.range(base + 1..).map(|(&b, _)| b).collect();
         for b in later.into_iter().rev() {
@@ -438,6 +472,7 @@ impl Log {
         let end = self.log_end_offset();
         self.recovery_point = self.recovery_point.min(end);
         self.log_start_offset = self.log_start_offset.min(end);
+        self.cleaner_offset = self.cleaner_offset.min(end);
         Ok(())
     }
 
@@ -445,6 +480,7 @@ impl Log {
     fn truncate_fully_and_start_at(&mut self, offset: i64) -> Result<()> {
         self.recovery_point = offset;
         self.log_start_offset = offset;
+        self.cleaner_offset = offset;
         while let Some((_, gone)) = self.segments.pop_last() {
             info!(segment = %gone.log_path().display(), "deleting segment for full truncation");
             gone.delete_files()?;
@@ -500,20 +536,24 @@ impl Log {
     /// Returns how many segments were deleted.
     pub fn enforce_retention(&mut self, now_ms: i64) -> Result<usize> {
         let mut deleted = 0;
-        if self.config.retention_ms >= 0 {
+        if self.config.cleanup_delete && self.config.retention_ms >= 0 {
             // Kafka: a segment expires when its largest timestamp is older
             // than retention.ms; deletion stops at the first one that is not.
             let expired = self
                 .segments
                 .values()
-                .take_while(|s| !s.is_empty() && now_ms.saturating_sub(s.max_timestamp()) > self.config.retention_ms)
+                .take_while(|s| {
+                    // An empty sealed segment (left by compaction) does not stop deletion.
+                    (s.is_empty() && !s.is_active())
+                        || (!s.is_empty() && now_ms.saturating_sub(s.max_timestamp()) > self.config.retention_ms)
+                })
                 .count();
             if expired == self.segments.len() {
                 self.roll(now_ms)?;
             }
             deleted += self.delete_oldest(expired, "retention.ms")?;
         }
-        if self.config.retention_bytes >= 0 {
+        if self.config.cleanup_delete && self.config.retention_bytes >= 0 {
             let mut excess = self.size_bytes() as i64 - self.config.retention_bytes;
             let over = self
                 .segments
@@ -537,6 +577,119 @@ impl Log {
             .count();
         deleted += self.delete_oldest(below, "log start offset")?;
         Ok(deleted)
+    }
+
+    /// Compacts the log (see the `cleaner` module docs): [`Log::prepare_clean`],
+    /// [`CleanJob::run`] and [`Log::install_clean`] in one call. Does nothing
+    /// unless `cleanup_compact`, and, without `force`, unless the dirty ratio
+    /// reaches `min_cleanable_dirty_ratio_permille`.
+    pub fn clean(&mut self, now_ms: i64, force: bool) -> Result<CleanStats> {
+        match self.prepare_clean(now_ms, force) {
+            Some(job) => {
+                let cleaned = job.run()?;
+                self.install_clean(cleaned)
+            }
+            None => Ok(CleanStats::default()),
+        }
+    }
+
+    /// The cleaning pass due now, if any: the sealed segments below the first
+    /// uncleanable offset (the active segment's base, or the base of the first
+    /// segment with a batch younger than `min_compaction_lag_ms`), with shared
+    /// read handles, so the job can run without the log's lock.
+    pub fn prepare_clean(&self, now_ms: i64, force: bool) -> Option<CleanJob> {
+        if !self.config.cleanup_compact {
+            return None;
+        }
+        let active_base = self.active().base_offset();
+        let mut clean_end = active_base;
+        if self.config.min_compaction_lag_ms > 0 {
+            let lag_limit = now_ms.saturating_sub(self.config.min_compaction_lag_ms);
+            if let Some(young) = self.segments.values().find(|s| !s.is_empty() && s.max_timestamp() > lag_limit) {
+                clean_end = clean_end.min(young.base_offset());
+            }
+        }
+        let bases: Vec<i64> = self.segments.range(..clean_end).map(|(&b, _)| b).collect();
+        let sources: Vec<Source> = bases
+            .iter()
+            .map(|&base| {
+                let segment = &self.segments[&base];
+                let next = self.segments.range(base + 1..).next().map(|(&b, _)| b).expect("below the active segment");
+                let (file, path) = segment.reader();
+                Source { base, next, file: Arc::clone(file), path: Arc::clone(path), size: segment.size_bytes() }
+            })
+            .collect();
+        let total: u64 = sources.iter().map(|s| s.size).sum();
+        let first_dirty = self.cleaner_offset.max(self.log_start_offset);
+        let dirty: u64 = sources.iter().filter(|s| s.next > first_dirty).map(|s| s.size).sum();
+        if sources.is_empty() || total == 0 {
+            return None;
+        }
+        if !force && (dirty == 0 || dirty * 1000 < self.config.min_cleanable_dirty_ratio_permille as u64 * total) {
+            return None;
+        }
+        Some(CleanJob {
+            dir: self.dir.clone(),
+            sources,
+            first_dirty,
+            clean_end,
+            now_ms,
+            delete_retention_ms: self.config.delete_retention_ms,
+            segment_bytes: self.config.segment_bytes,
+            index_interval_bytes: self.config.index_interval_bytes,
+            index_max_bytes: self.config.index_max_bytes,
+        })
+    }
+
+    /// Swaps a finished job's cleaned segments in for the ones it read and
+    /// advances the cleaner offset. If any segment it replaces is gone or
+    /// changed (retention, truncation or delete_records ran meanwhile), the
+    /// result is discarded and nothing changes (all-zero stats).
+    pub fn install_clean(&mut self, cleaned: CleanedSegments) -> Result<CleanStats> {
+        let still_there = cleaned.groups.iter().all(|g| {
+            let present: Vec<i64> = self.segments.range(g.base..g.next).map(|(&b, _)| b).collect();
+            present.len() == g.sources.len()
+                && g.sources.iter().all(|src| {
+                    self.segments.get(&src.base).is_some_and(|s| {
+                        !s.is_active() && Arc::ptr_eq(s.reader().0, &src.file) && s.size_bytes() == src.size
+                    })
+                })
+                && self.segments.contains_key(&g.next)
+        });
+        if !still_there {
+            info!(dir = %self.dir.display(), "discarding a cleaning pass: its segments changed meanwhile");
+            return Ok(CleanStats::default());
+        }
+        let now_ms = self.last_flush_ms;
+        for g in &cleaned.groups {
+            cleaner::swap_in(&self.dir, g.base)?;
+            // The first old segment's files were renamed over; delete the rest.
+            self.segments.remove(&g.base);
+            for src in &g.sources[1..] {
+                let old = self.segments.remove(&src.base).expect("checked above");
+                old.delete_files()?;
+            }
+            let mut segment = Segment::open(&self.dir, g.base, now_ms)?;
+            segment.set_next_offset(g.next);
+            if !segment.indexes_valid() {
+                segment.rebuild(false, self.config.index_max_bytes, self.config.index_interval_bytes)?;
+                segment.set_next_offset(g.next);
+            }
+            self.segments.insert(g.base, segment);
+        }
+        crate::checkpoint::sync_dir(&self.dir)?;
+        self.cleaner_offset = self.cleaner_offset.max(cleaned.clean_end);
+        self.write_checkpoint(false)?;
+        let stats = cleaned.stats;
+        info!(
+            dir = %self.dir.display(),
+            segments = stats.segments_cleaned,
+            bytes_before = stats.bytes_before,
+            bytes_after = stats.bytes_after,
+            records_removed = stats.records_removed,
+            "cleaned log"
+        );
+        Ok(stats)
     }
 
     /// The batch holding the first record with timestamp >= `timestamp`.

@@ -4,7 +4,8 @@
 //! After an unclean shutdown every batch from the segment holding the
 //! recovery point to the end of the log is re-read and its CRC-32C checked;
 //! the log is cut at the first torn, corrupt or out-of-order batch and later
-//! segments are deleted. Indexes of re-read segments are rebuilt. After a
+//! segments are deleted. Offsets must increase without overlap; gaps are
+//! allowed (the log cleaner removes batches). Indexes of re-read segments are rebuilt. After a
 //! clean shutdown only the tail of the active segment (from its last index
 //! entry) is checked. Either way, damage to data below the recovery point
 //! (which was fsynced and may have been acknowledged) refuses the open and
@@ -17,6 +18,7 @@ use std::path::Path;
 use tracing::{info, warn};
 
 use crate::checkpoint::{self, Checkpoint};
+use crate::cleaner;
 use crate::error::{Result, StorageError};
 use crate::log::LogConfig;
 use crate::segment::{Segment, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
@@ -28,6 +30,8 @@ pub(crate) struct Recovered {
     pub log_start_offset: i64,
     /// The checkpoint's recovery point: data from here on may not be on disk yet.
     pub recovery_point: i64,
+    /// The cleaner's first dirty offset, within the log.
+    pub cleaner_offset: i64,
 }
 
 /// Parses `<20 digits>.<suffix>` into the base offset.
@@ -47,6 +51,7 @@ fn remove(path: &Path) -> Result<()> {
 /// if needed) and recovers them.
 pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Recovered> {
     std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
+    cleaner::recover_swaps(dir)?;
     let checkpoint = Checkpoint::read(dir)?;
     let mut log_bases = Vec::new();
     let mut index_files = Vec::new();
@@ -90,7 +95,12 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         }
         let segment = Segment::create(dir, checkpoint_start, config.index_max_bytes, now_ms)?;
         segments.insert(checkpoint_start, segment);
-        return Ok(Recovered { segments, log_start_offset: checkpoint_start, recovery_point });
+        return Ok(Recovered {
+            segments,
+            log_start_offset: checkpoint_start,
+            recovery_point,
+            cleaner_offset: checkpoint_start,
+        });
     }
     for &base in &log_bases {
         segments.insert(base, Segment::open(dir, base, now_ms)?);
@@ -126,12 +136,18 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         let end = segment.rebuild(true, config.index_max_bytes, config.index_interval_bytes)?;
         let problem = match (end.error, next_base) {
             (Some(reason), _) => Some(reason),
-            (None, Some(next)) if next != end.next_offset => {
+            // Compaction leaves gaps: a segment may end before the next one starts.
+            (None, Some(next)) if next < end.next_offset => {
                 Some(format!("segment ends at offset {} but the next segment starts at {next}", end.next_offset))
             }
             _ => None,
         };
-        let Some(reason) = problem else { continue };
+        let Some(reason) = problem else {
+            if let Some(next) = next_base {
+                segment.set_next_offset(next);
+            }
+            continue;
+        };
         if end.next_offset < recovery_point {
             return Err(StorageError::CorruptBehindRecoveryPoint {
                 file: segment.log_path().to_path_buf(),
@@ -168,7 +184,8 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     }
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_start_offset = checkpoint_start.max(first_base).min(log_end_offset);
-    Ok(Recovered { segments, log_start_offset, recovery_point })
+    let cleaner_offset = checkpoint.map_or(0, |c| c.cleaner_offset).clamp(log_start_offset, log_end_offset);
+    Ok(Recovered { segments, log_start_offset, recovery_point, cleaner_offset })
 }
 
 #[cfg(test)]

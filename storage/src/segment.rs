@@ -80,7 +80,18 @@ fn open_reader(path: &Path) -> Result<File> {
 impl Segment {
     /// Creates a new, empty active segment starting at `base_offset`.
     pub fn create(dir: &Path, base_offset: i64, index_max_bytes: u32, now_ms: i64) -> Result<Segment> {
-        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX));
+        Segment::create_with_suffix(dir, base_offset, index_max_bytes, now_ms, "")
+    }
+
+    /// [`Segment::create`] with `extra` (e.g. `.cleaned`) after each file name.
+    pub fn create_with_suffix(
+        dir: &Path,
+        base_offset: i64,
+        index_max_bytes: u32,
+        now_ms: i64,
+        extra: &str,
+    ) -> Result<Segment> {
+        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX) + extra);
         let writer =
             OpenOptions::new().create(true).append(true).open(&log_path).map_err(|e| StorageError::io(&log_path, e))?;
         let len = writer.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
@@ -90,7 +101,7 @@ impl Segment {
                 reason: format!("new segment file already holds {len} bytes"),
             });
         }
-        let mut segment = Segment::open(dir, base_offset, now_ms)?;
+        let mut segment = Segment::open_with_suffix(dir, base_offset, now_ms, extra)?;
         segment.offset_index.reset();
         segment.time_index.reset();
         segment.writer = Some(writer);
@@ -103,11 +114,15 @@ impl Segment {
     /// Opens an existing segment's files. Until recovery or the caller sets
     /// it, `next_offset` is the base offset.
     pub fn open(dir: &Path, base_offset: i64, now_ms: i64) -> Result<Segment> {
-        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX));
+        Segment::open_with_suffix(dir, base_offset, now_ms, "")
+    }
+
+    fn open_with_suffix(dir: &Path, base_offset: i64, now_ms: i64, extra: &str) -> Result<Segment> {
+        let log_path = dir.join(file_name(base_offset, LOG_SUFFIX) + extra);
         let reader = open_reader(&log_path)?;
         let size_bytes = reader.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
-        let (offset_index, offset_ok) = OffsetIndex::open(&dir.join(file_name(base_offset, INDEX_SUFFIX)))?;
-        let (time_index, time_ok) = TimeIndex::open(&dir.join(file_name(base_offset, TIME_INDEX_SUFFIX)))?;
+        let (offset_index, offset_ok) = OffsetIndex::open(&dir.join(file_name(base_offset, INDEX_SUFFIX) + extra))?;
+        let (time_index, time_ok) = TimeIndex::open(&dir.join(file_name(base_offset, TIME_INDEX_SUFFIX) + extra))?;
         let mut segment = Segment {
             base_offset,
             log_path: Arc::new(log_path),
@@ -352,7 +367,7 @@ impl Segment {
         self.first_batch_max_timestamp = None;
         self.next_offset = self.base_offset;
         let (reader, path) = (Arc::clone(&self.reader), Arc::clone(&self.log_path));
-        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, true, &mut |m| {
+        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, false, &mut |m| {
             self.index_batch(m, index_interval_bytes)
         })?;
         self.indexes_ok = true;
@@ -366,13 +381,13 @@ impl Segment {
     /// every batch must validate and the last must end exactly at the end of
     /// the file. On success the max timestamp and next offset are updated.
     pub fn verify_tail(&mut self) -> Result<bool> {
-        let (position, offset) = match self.offset_index.last() {
-            Some(e) => (e.position as u64, self.base_offset + e.relative_offset as i64),
-            None => (0, self.base_offset),
+        let (position, offset, exact) = match self.offset_index.last() {
+            Some(e) => (e.position as u64, self.base_offset + e.relative_offset as i64, true),
+            None => (0, self.base_offset, false),
         };
         let mut max = (self.max_timestamp, self.offset_of_max_timestamp);
         let mut first_ts = None;
-        let end = walk(&self.reader, &self.log_path, self.size_bytes, position, offset, true, true, &mut |m| {
+        let end = walk(&self.reader, &self.log_path, self.size_bytes, position, offset, true, exact, &mut |m| {
             if m.position == 0 {
                 first_ts = Some(m.max_timestamp);
             }
@@ -474,8 +489,8 @@ impl ChunkReader<'_> {
 }
 
 /// Walks the batches of a file of `size` bytes from `position`, expecting
-/// contiguous offsets from `expected_offset` on (with `exact_first` the first
-/// batch must start exactly there, otherwise at or after it). Calls `f` for each good batch
+/// increasing, non-overlapping offsets from `expected_offset` on (with
+/// `exact_first` the first batch must start exactly there). Calls `f` for each good batch
 /// and stops at the first torn, corrupt or out-of-order one.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn walk(
@@ -525,11 +540,12 @@ pub(crate) fn walk(
                 return stop(position, next_offset, e.to_string());
             }
         }
-        // Batches are contiguous: each starts where the previous ended (a
-        // log cleaner would leave gaps and must relax this). Only the first
-        // batch of a walk from a segment start may begin later.
+        // Offsets increase and batches never overlap. The log cleaner leaves
+        // gaps (removed batches), so a batch may start after the previous
+        // one's end; `exact_first` demands the first batch start exactly at
+        // `expected_offset` (a walk resuming at an indexed batch).
         let in_order =
-            if first && !exact_first { meta.base_offset >= next_offset } else { meta.base_offset == next_offset };
+            if first && exact_first { meta.base_offset == next_offset } else { meta.base_offset >= next_offset };
         if !in_order || meta.last_offset < meta.base_offset {
             return stop(
                 position,
