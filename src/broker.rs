@@ -11,17 +11,23 @@ use tokio::task::JoinSet;
 
 use crate::api::fetch_session::FetchSessionCache;
 use crate::config::BrokerConfig;
+use crate::group::GroupCoordinator;
 use crate::replica::{ReplicaManager, TopicError};
 
 /// Shared state every connection sees.
 pub struct BrokerState {
-    pub replicas: ReplicaManager,
+    pub replicas: Arc<ReplicaManager>,
+    groups: GroupCoordinator,
     fetch_sessions: Mutex<FetchSessionCache>,
 }
 
 impl BrokerState {
     pub fn config(&self) -> &BrokerConfig {
         &self.replicas.config
+    }
+
+    pub fn groups(&self) -> &GroupCoordinator {
+        &self.groups
     }
 
     pub fn lock_fetch_sessions(&self) -> MutexGuard<'_, FetchSessionCache> {
@@ -78,11 +84,14 @@ impl Broker {
         let replicas = tokio::task::spawn_blocking(move || ReplicaManager::open(cfg))
             .await
             .map_err(|e| StartError::Listener(format!("log loading panicked: {e}")))??;
+        let replicas = Arc::new(replicas);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let groups = GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?;
         let state = Arc::new(BrokerState {
             fetch_sessions: Mutex::new(FetchSessionCache::new(config.fetch_session_cache_slots)),
+            groups,
             replicas,
         });
-        let (shutdown, shutdown_rx) = watch::channel(false);
         let permits = Arc::new(Semaphore::new(config.max_connections));
         let mut tasks = JoinSet::new();
         let mut addrs = Vec::new();

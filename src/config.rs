@@ -81,8 +81,77 @@ pub struct BrokerConfig {
     pub fetch_session_cache_slots: usize,
     /// Upper bound on a fetch response, whatever the client asks (`fetch.max.bytes`).
     pub fetch_max_bytes: usize,
+    /// Consumer group coordinator settings.
+    pub group: GroupSettings,
+    /// Log cleaner (compaction) settings.
+    pub cleaner: CleanerSettings,
     /// Where each key came from, for DescribeConfigs.
     pub explicit_keys: BTreeMap<String, String>,
+}
+
+/// Group coordinator settings, with Kafka's keys and defaults.
+#[derive(Debug, Clone)]
+pub struct GroupSettings {
+    /// `offsets.topic.num.partitions`: partitions of `__consumer_offsets` (fixed once created).
+    pub offsets_topic_num_partitions: i32,
+    /// `offsets.topic.segment.bytes`.
+    pub offsets_topic_segment_bytes: u64,
+    /// `offsets.retention.minutes`, in ms: how long an empty group's offsets are kept.
+    pub offsets_retention_ms: i64,
+    /// `offsets.retention.check.interval.ms`.
+    pub offsets_retention_check_interval_ms: u64,
+    /// `offset.metadata.max.bytes`: longest commit metadata string.
+    pub offset_metadata_max_bytes: usize,
+    /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`.
+    pub min_session_timeout_ms: i32,
+    pub max_session_timeout_ms: i32,
+    /// `group.max.size`: members per group.
+    pub max_size: usize,
+    /// `group.initial.rebalance.delay.ms`: wait for more members when an empty group first rebalances.
+    pub initial_rebalance_delay_ms: i32,
+    /// `group.max.count` (Strand): groups per broker, a bound Kafka lacks.
+    pub max_count: usize,
+}
+
+impl Default for GroupSettings {
+    fn default() -> Self {
+        GroupSettings {
+            offsets_topic_num_partitions: 50,
+            offsets_topic_segment_bytes: 104_857_600,
+            offsets_retention_ms: 7 * 24 * 3600 * 1000,
+            offsets_retention_check_interval_ms: 600_000,
+            offset_metadata_max_bytes: 4096,
+            min_session_timeout_ms: 6000,
+            max_session_timeout_ms: 1_800_000,
+            max_size: 10_000,
+            initial_rebalance_delay_ms: 3000,
+            max_count: 100_000,
+        }
+    }
+}
+
+/// Log cleaner settings (Kafka's `log.cleaner.*`).
+#[derive(Debug, Clone)]
+pub struct CleanerSettings {
+    /// `log.cleaner.enable`.
+    pub enable: bool,
+    /// `log.cleaner.backoff.ms`: pause between cleaning passes.
+    pub backoff_ms: u64,
+    /// `log.cleaner.min.cleanable.ratio`, in per mille.
+    pub min_cleanable_ratio_per_mille: u32,
+    /// `log.cleaner.delete.retention.ms`: how long tombstones survive cleaning.
+    pub delete_retention_ms: i64,
+}
+
+impl Default for CleanerSettings {
+    fn default() -> Self {
+        CleanerSettings {
+            enable: true,
+            backoff_ms: 15_000,
+            min_cleanable_ratio_per_mille: 500,
+            delete_retention_ms: 86_400_000,
+        }
+    }
 }
 
 impl Default for BrokerConfig {
@@ -106,6 +175,8 @@ impl Default for BrokerConfig {
             num_io_threads: 0,
             fetch_session_cache_slots: 1000,
             fetch_max_bytes: 57_671_680,
+            group: GroupSettings::default(),
+            cleaner: CleanerSettings::default(),
             explicit_keys: BTreeMap::new(),
         }
     }
@@ -129,7 +200,6 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "transaction.state.log.min.isr",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
-    "group.initial.rebalance.delay.ms",
 ];
 
 impl BrokerConfig {
@@ -264,6 +334,54 @@ impl BrokerConfig {
                 "fetch.max.bytes" => {
                     config.fetch_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
                 }
+                "offsets.topic.num.partitions" => {
+                    config.group.offsets_topic_num_partitions = parse_int(value, 1, 10_000).map_err(invalid)? as i32
+                }
+                "offsets.topic.segment.bytes" => {
+                    config.group.offsets_topic_segment_bytes =
+                        parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64
+                }
+                "offsets.retention.minutes" => {
+                    config.group.offsets_retention_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? * 60_000
+                }
+                "offsets.retention.check.interval.ms" => {
+                    config.group.offsets_retention_check_interval_ms =
+                        parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "offset.metadata.max.bytes" => {
+                    config.group.offset_metadata_max_bytes =
+                        parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "group.min.session.timeout.ms" => {
+                    config.group.min_session_timeout_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32
+                }
+                "group.max.session.timeout.ms" => {
+                    config.group.max_session_timeout_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32
+                }
+                "group.max.size" => {
+                    config.group.max_size = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "group.initial.rebalance.delay.ms" => {
+                    config.group.initial_rebalance_delay_ms =
+                        parse_int(value, 0, i32::MAX as i64).map_err(invalid)? as i32
+                }
+                "group.max.count" => {
+                    config.group.max_count = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "log.cleaner.enable" => config.cleaner.enable = parse_bool(value).map_err(invalid)?,
+                "log.cleaner.backoff.ms" => {
+                    config.cleaner.backoff_ms = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "log.cleaner.min.cleanable.ratio" => {
+                    let ratio: f64 = value.trim().parse().map_err(|_| invalid("not a number".into()))?;
+                    if !(0.0..=1.0).contains(&ratio) {
+                        return Err(invalid("must be between 0 and 1".into()));
+                    }
+                    config.cleaner.min_cleanable_ratio_per_mille = (ratio * 1000.0).round() as u32;
+                }
+                "log.cleaner.delete.retention.ms" => {
+                    config.cleaner.delete_retention_ms = parse_int(value, 0, i64::MAX).map_err(invalid)?
+                }
                 // A KRaft combined node lists its controller listener in `listeners`;
                 // Strand has no separate controller endpoint, so it is not bound.
                 "controller.listener.names" => {
@@ -300,6 +418,13 @@ impl BrokerConfig {
             value,
             reason: reason.to_string(),
         };
+        if self.group.min_session_timeout_ms > self.group.max_session_timeout_ms {
+            return Err(invalid(
+                "group.min.session.timeout.ms",
+                self.group.min_session_timeout_ms.to_string(),
+                "must not exceed group.max.session.timeout.ms",
+            ));
+        }
         if self.listeners.is_empty() {
             return Err(invalid("listeners", String::new(), "at least one listener is required"));
         }

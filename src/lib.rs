@@ -8,6 +8,8 @@
 //! - [`replica`]: the partitions this broker leads: log, leader epoch, high
 //!   watermark, last stable offset; topic administration.
 //! - `strand_storage` (the `storage/` crate): segment files, indexes, recovery.
+//! - [`group`]: the group coordinator (membership, rebalances, committed
+//!   offsets in `__consumer_offsets`).
 //! - [`metadata`]: the persisted topic registry and cluster identity.
 //! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
 //! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`].
@@ -16,6 +18,7 @@ pub mod alloc_guard;
 pub mod api;
 pub mod broker;
 pub mod config;
+pub mod group;
 pub mod metadata;
 pub mod replica;
 pub mod server;

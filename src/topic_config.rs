@@ -16,6 +16,7 @@ pub enum ConfigType {
     String = 2,
     Int = 3,
     Long = 5,
+    Double = 6,
     List = 7,
 }
 
@@ -40,6 +41,12 @@ pub const TOPIC_CONFIGS: &[TopicConfigKey] = &[
         broker_synonym: "compression.type",
         config_type: ConfigType::String,
         doc: "only 'producer': batches are stored as the producer compressed them",
+    },
+    TopicConfigKey {
+        name: "delete.retention.ms",
+        broker_synonym: "log.cleaner.delete.retention.ms",
+        config_type: ConfigType::Long,
+        doc: "how long tombstones survive compaction",
     },
     TopicConfigKey {
         name: "flush.messages",
@@ -70,6 +77,18 @@ pub const TOPIC_CONFIGS: &[TopicConfigKey] = &[
         broker_synonym: "log.message.timestamp.type",
         config_type: ConfigType::String,
         doc: "only CreateTime",
+    },
+    TopicConfigKey {
+        name: "min.cleanable.dirty.ratio",
+        broker_synonym: "log.cleaner.min.cleanable.ratio",
+        config_type: ConfigType::Double,
+        doc: "dirty share of the log that triggers compaction",
+    },
+    TopicConfigKey {
+        name: "min.compaction.lag.ms",
+        broker_synonym: "log.cleaner.min.compaction.lag.ms",
+        config_type: ConfigType::Long,
+        doc: "records younger than this are not compacted",
     },
     TopicConfigKey {
         name: "min.insync.replicas",
@@ -139,6 +158,14 @@ pub fn validate_topic_value(name: &str, value: &str) -> Result<String, String> {
             v.to_string()
         }
         "flush.messages" => parse_int(v, 1, i64::MAX)?.to_string(),
+        "delete.retention.ms" | "min.compaction.lag.ms" => parse_int(v, 0, i64::MAX)?.to_string(),
+        "min.cleanable.dirty.ratio" => {
+            let ratio: f64 = v.parse().map_err(|_| "not a number".to_string())?;
+            if !(0.0..=1.0).contains(&ratio) {
+                return Err("must be between 0 and 1".into());
+            }
+            ratio.to_string()
+        }
         "flush.ms" => parse_int(v, 0, i64::MAX)?.to_string(),
         "index.interval.bytes" => parse_int(v, 0, i32::MAX as i64)?.to_string(),
         "max.message.bytes" => parse_int(v, 0, i32::MAX as i64)?.to_string(),
@@ -197,6 +224,9 @@ pub fn broker_value(broker: &BrokerConfig, dynamic: &DynamicBrokerConfigs, synon
         "log.segment.bytes" => l.segment_bytes.to_string(),
         "log.index.size.max.bytes" => l.index_max_bytes.to_string(),
         "log.roll.ms" => l.roll_ms.to_string(),
+        "log.cleaner.delete.retention.ms" => broker.cleaner.delete_retention_ms.to_string(),
+        "log.cleaner.min.cleanable.ratio" => (broker.cleaner.min_cleanable_ratio_per_mille as f64 / 1000.0).to_string(),
+        "log.cleaner.min.compaction.lag.ms" => "0".into(),
         _ => String::new(),
     };
     (value, source)
@@ -245,6 +275,14 @@ pub fn effective(
             flush_interval_messages: int("flush.messages", i64::MAX) as u64,
             flush_interval_ms: int("flush.ms", d.flush_interval_ms),
             max_batch_bytes: int("max.message.bytes", d.max_batch_bytes as i64) as usize,
+            cleanup_delete: get("cleanup.policy").split(',').any(|p| p == "delete"),
+            cleanup_compact: get("cleanup.policy").split(',').any(|p| p == "compact"),
+            delete_retention_ms: int("delete.retention.ms", broker.cleaner.delete_retention_ms),
+            min_cleanable_dirty_ratio_permille: get("min.cleanable.dirty.ratio")
+                .parse::<f64>()
+                .map(|r| (r * 1000.0).round() as u32)
+                .unwrap_or(broker.cleaner.min_cleanable_ratio_per_mille),
+            min_compaction_lag_ms: int("min.compaction.lag.ms", 0),
         },
         min_insync_replicas: int("min.insync.replicas", 1) as i32,
         cleanup_policy: get("cleanup.policy"),

@@ -241,10 +241,10 @@ async fn unknown_api_key_closes_the_connection() {
         c.expect_closed(&format!("api key {key}")).await;
         f.check_alive(&format!("api key {key}")).await;
     }
-    // A key Kafka defines but Strand does not serve (JoinGroup = 11) closes too.
+    // A key Kafka defines but Strand does not serve yet (InitProducerId = 22) closes too.
     let mut c = f.conn().await;
-    c.write_frame(&header_v1(11, 5, 7)).await.unwrap();
-    c.expect_closed("JoinGroup").await;
+    c.write_frame(&header_v1(22, 4, 7)).await.unwrap();
+    c.expect_closed("InitProducerId").await;
     f.finish("unknown api key").await;
 }
 

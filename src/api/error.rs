@@ -36,7 +36,8 @@ pub fn batch_code(e: &BatchError) -> i16 {
         }
         BatchError::UnsupportedMagic { .. }
         | BatchError::InvalidOffsets { .. }
-        | BatchError::UnknownCompression { .. } => ResponseError::InvalidRecord.code(),
+        | BatchError::UnknownCompression { .. }
+        | BatchError::InvalidRecords { .. } => ResponseError::InvalidRecord.code(),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod configs;
 pub mod error;
 pub mod fetch;
 pub mod fetch_session;
+pub mod group;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
@@ -113,6 +114,17 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
+        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(group::find_coordinator(&ctx, r)),
+        RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(group::join_group(&ctx, r).await),
+        RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(group::sync_group(&ctx, r).await),
+        RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(group::heartbeat(&ctx, r).await),
+        RequestKind::LeaveGroup(r) => ResponseKind::LeaveGroup(group::leave_group(&ctx, r).await),
+        RequestKind::OffsetCommit(r) => ResponseKind::OffsetCommit(group::offset_commit(&ctx, r).await),
+        RequestKind::OffsetFetch(r) => ResponseKind::OffsetFetch(group::offset_fetch(&ctx, r).await),
+        RequestKind::ListGroups(r) => ResponseKind::ListGroups(group::list_groups(&ctx, r).await),
+        RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(group::describe_groups(&ctx, r).await),
+        RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(group::delete_groups(&ctx, r).await),
+        RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(group::offset_delete(&ctx, r).await),
         RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
         RequestKind::IncrementalAlterConfigs(r) => {
             ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r))

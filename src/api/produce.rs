@@ -104,6 +104,14 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
     let Some(partition) = usize::try_from(index).ok().and_then(|i| topic.partitions.get(i)) else {
         return PartitionResult::error(index, ResponseError::UnknownTopicOrPartition.code(), None);
     };
+    if topic.internal {
+        // Internal topics are written by their coordinators only, as in Kafka.
+        return PartitionResult::error(
+            index,
+            ResponseError::InvalidTopicException.code(),
+            Some(format!("cannot produce to internal topic {}", topic.name)),
+        );
+    }
     let records = match records {
         Some(r) if !r.is_empty() => r,
         _ => {
