@@ -448,10 +448,12 @@ impl Log {
             return self.truncate_fully_and_start_at(offset);
         }
         let (&base, segment) = self.segments.range(..=offset).next_back().expect("offset >= log start offset");
-        let (position, new_end) = match segment.find_batch(offset)? {
-            Some(meta) => (meta.position, meta.base_offset),
-            None => (segment.size_bytes(), segment.next_offset()),
+        let position = match segment.find_batch(offset)? {
+            Some(meta) => meta.position,
+            None => segment.size_bytes(),
         };
+        // With compaction gaps the new end is the end of the last batch kept.
+        let new_end = segment.end_before(position)?;
         // Persist the lowered recovery point first: a crash part way must not
         // find the log ending below its recovery point.
         self.recovery_point = self.recovery_point.min(new_end);

@@ -288,6 +288,20 @@ impl Segment {
         self.find_batch_from(self.index_start(offset), |m| m.last_offset >= offset)
     }
 
+    /// The offset after the last batch that ends at or before byte `position`
+    /// (the base offset if none): where the log ends once cut at `position`,
+    /// which with compaction gaps can be below the next batch's base offset.
+    pub fn end_before(&self, position: u64) -> Result<i64> {
+        let mut end = self.base_offset;
+        let mut at = 0;
+        while at < position.min(self.size_bytes) {
+            let meta = self.read_header(at)?;
+            end = meta.last_offset + 1;
+            at += meta.total_bytes;
+        }
+        Ok(end)
+    }
+
     /// Walks headers from `position` to the first batch matching `pred`.
     pub fn find_batch_from(&self, mut position: u64, pred: impl Fn(&BatchMeta) -> bool) -> Result<Option<BatchMeta>> {
         while position < self.size_bytes {

@@ -17,8 +17,13 @@
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::indexmap::IndexMap;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
 use proptest::prelude::*;
-use strand_storage::batch::{self, build_test_batch};
+use strand_storage::batch;
 use strand_storage::{Log, LogConfig, StorageError};
 
 #[derive(Debug, Clone)]
@@ -42,6 +47,8 @@ enum Op {
     DeleteRecords(u16),
     Reopen,
     Crash(Damage),
+    /// Roll, then clean (forced) the whole sealed log.
+    Clean,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -60,7 +67,47 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<u16>().prop_map(Op::DeleteRecords),
         1 => Just(Op::Reopen),
         2 => damage.prop_map(Op::Crash),
+        2 => Just(Op::Clean),
     ]
+}
+
+fn keyed_record(key: Option<Bytes>, value: Option<Bytes>, offset: i64, timestamp: i64) -> Record {
+    Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset,
+        sequence: -1,
+        timestamp,
+        key,
+        value,
+        headers: IndexMap::new(),
+    }
+}
+
+/// (offset, key, value) of every record of `bytes` (whole batches).
+fn records_of(bytes: &[u8]) -> Vec<(i64, Option<Bytes>, Option<Bytes>)> {
+    let mut buf = Bytes::copy_from_slice(bytes);
+    RecordBatchDecoder::decode_all(&mut buf)
+        .unwrap()
+        .into_iter()
+        .flat_map(|set| set.records.into_iter().map(|r| (r.offset, r.key, r.value)))
+        .collect()
+}
+
+/// The log's end after a truncation or repair must lie between the end of
+/// the last batch the model keeps and the model's end (compaction gaps).
+fn sync_end(model: &mut Model, log: &Log) -> Result<(), TestCaseError> {
+    let end = log.log_end_offset();
+    let low = model.batches.last().map_or(i64::MIN, |b| b.last + 1);
+    prop_assert!(end <= model.end && end >= low, "end {} outside {}..={}", end, low, model.end);
+    model.end = end;
+    model.start = model.start.min(end);
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -107,6 +154,7 @@ impl Model {
 
 fn config() -> LogConfig {
     LogConfig {
+        cleanup_compact: true,
         segment_bytes: 1024,
         index_interval_bytes: 128,
         // 8 offset entries, 5 time entries: indexes fill up and force rolls.
@@ -174,10 +222,12 @@ fn check(log: &Log, model: &Model, probe: u64) -> Result<(), TestCaseError> {
         let want = model.batches_from(model.start).find(|b| b.max_timestamp >= timestamp).map(|b| b.bytes.clone());
         let got = log.lookup_timestamp(timestamp).unwrap().map(|l| l.batch);
         prop_assert!(got == want, "lookup_timestamp({})", timestamp);
-        let max = model.batches.iter().map(|b| b.max_timestamp).max().unwrap();
-        let found = log.lookup_max_timestamp().unwrap().expect("non-empty log");
-        let (header, _) = batch::validate(&found.batch, 0).unwrap();
-        prop_assert!(header.max_timestamp() >= max);
+        // Compaction may have emptied the log of batches while its offsets remain.
+        if let Some(max) = model.batches.iter().map(|b| b.max_timestamp).max() {
+            let found = log.lookup_max_timestamp().unwrap().expect("non-empty log");
+            let (header, _) = batch::validate(&found.batch, 0).unwrap();
+            prop_assert!(header.max_timestamp() >= max);
+        }
     }
     Ok(())
 }
@@ -196,9 +246,20 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Append(specs) => {
                 let mut buf = Vec::new();
                 for &(records, value_len, ts) in &specs {
-                    let value = vec![records; value_len as usize];
-                    let values: Vec<&[u8]> = (0..records).map(|_| value.as_slice()).collect();
-                    buf.extend_from_slice(&build_test_batch(0, ts as i64, &values));
+                    // Keys from a small set (a null key now and then), tombstones sometimes.
+                    let recs: Vec<Record> = (0..records as i64)
+                        .map(|i| {
+                            let k = (value_len as i64 + i * 3 + ts as i64) % 6;
+                            let key = (k != 5).then(|| Bytes::from(vec![b'k', k as u8]));
+                            let value = (value_len % 9 != 0).then(|| Bytes::from(vec![records; value_len as usize]));
+                            keyed_record(key, value, i, ts as i64)
+                        })
+                        .collect();
+                    let compression = if value_len % 3 == 0 { Compression::Gzip } else { Compression::None };
+                    let mut b = BytesMut::new();
+                    RecordBatchEncoder::encode(&mut b, &recs, &RecordEncodeOptions { version: 2, compression })
+                        .unwrap();
+                    buf.extend_from_slice(&b);
                 }
                 let info = l.append(&mut buf, 5, now_ms).unwrap();
                 prop_assert_eq!(info.base_offset, model.end);
@@ -218,6 +279,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let offset = x as i64 % (model.end + 3);
                 l.truncate_to(offset).unwrap();
                 model.truncate(offset);
+                sync_end(&mut model, l)?;
             }
             Op::Retention(bytes) => {
                 let old = l.config().clone();
@@ -226,9 +288,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 l.set_config(old);
                 let start = l.log_start_offset();
                 prop_assert!(start >= model.start && start <= model.end);
-                prop_assert!(
-                    start == model.end || model.batches.iter().any(|b| b.base == start) || start == model.start
-                );
+                // A segment base: never inside a batch.
+                prop_assert!(!model.batches.iter().any(|b| b.base < start && b.last >= start));
                 model.advance_start(start);
             }
             Op::DeleteRecords(x) => {
@@ -283,6 +344,49 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
                 drop(f);
                 log = Some(Log::open(&path, config(), now_ms).unwrap());
+                sync_end(&mut model, log.as_ref().unwrap())?;
+            }
+            Op::Clean => {
+                l.roll(now_ms).unwrap();
+                l.clean(now_ms, true).unwrap();
+                // Latest offset per key over everything sealed (the whole log after the roll).
+                let mut latest = std::collections::HashMap::new();
+                for b in &model.batches {
+                    for (offset, key, _) in records_of(&b.bytes) {
+                        if let Some(k) = key {
+                            latest.insert(k, offset);
+                        }
+                    }
+                }
+                let want: Vec<_> = model
+                    .batches
+                    .iter()
+                    .flat_map(|b| records_of(&b.bytes))
+                    .filter(|(o, k, _)| k.as_ref().is_some_and(|k| latest[k] == *o))
+                    .collect();
+                // Tombstones stay: delete_retention_ms is a day, timestamps are near 0.
+                let info = l.read(model.start, usize::MAX, i64::MAX, false).unwrap();
+                let mut got = Vec::new();
+                for s in &info.slices {
+                    s.read_into(&mut got).unwrap();
+                }
+                batch::validate_all(&got).unwrap();
+                let want: Vec<_> = want.into_iter().filter(|r| r.0 >= model.start).collect();
+                let got_records: Vec<_> = records_of(&got).into_iter().filter(|r| r.0 >= model.start).collect();
+                prop_assert_eq!(&got_records, &want);
+                // Surviving batches keep their offsets; the model takes their new bytes.
+                let mut batches = Vec::new();
+                for (position, header, total) in batch::iter(&got) {
+                    let old = model.batches.iter().find(|b| b.base == header.base_offset());
+                    prop_assert!(old.is_some_and(|o| o.last == header.last_offset()), "batch offsets changed");
+                    batches.push(Batch {
+                        base: header.base_offset(),
+                        last: header.last_offset(),
+                        max_timestamp: header.max_timestamp(),
+                        bytes: got[position..position + total].to_vec(),
+                    });
+                }
+                model.batches = batches;
             }
         }
         check(log.as_ref().unwrap(), &model, probe)?;
