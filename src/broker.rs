@@ -100,6 +100,9 @@ impl Broker {
             tasks.spawn(crate::server::serve(state.clone(), socket, name, shutdown_rx.clone(), permits.clone()));
         }
         tasks.spawn(housekeeping(state.clone(), shutdown_rx.clone()));
+        if config.cleaner.enable {
+            tasks.spawn(cleaner(state.clone(), shutdown_rx.clone()));
+        }
         tracing::info!(
             node_id = config.node_id,
             cluster_id = %state.replicas.cluster_id,
@@ -130,6 +133,21 @@ async fn housekeeping(state: Arc<BrokerState>, mut shutdown: watch::Receiver<boo
         }
         let s = state.clone();
         let _ = tokio::task::spawn_blocking(move || s.replicas.maintain(retention)).await;
+    }
+}
+
+/// The log cleaner: compacts `cleanup.policy=compact` partitions every
+/// `log.cleaner.backoff.ms`, on a blocking thread so requests are not delayed.
+async fn cleaner(state: Arc<BrokerState>, mut shutdown: watch::Receiver<bool>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(state.config().cleaner.backoff_ms));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
+            _ = tick.tick() => {}
+        }
+        let s = state.clone();
+        let _ = tokio::task::spawn_blocking(move || s.replicas.clean_compacted()).await;
     }
 }
 

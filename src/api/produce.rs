@@ -137,6 +137,20 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
             Err(e) => return PartitionResult::error(index, error::batch_code(&e), Some(e.to_string())),
         }
     }
+    if partition.is_compacted() {
+        // Compaction keeps the latest record per key; a record without one cannot be kept.
+        match batch::all_records_have_keys(&records) {
+            Ok(true) => {}
+            Ok(false) => {
+                return PartitionResult::error(
+                    index,
+                    ResponseError::InvalidRecord.code(),
+                    Some("compacted topic cannot accept a record without a key".into()),
+                )
+            }
+            Err(e) => return PartitionResult::error(index, error::batch_code(&e), Some(e.to_string())),
+        }
+    }
     if acks == -1 && partition.isr_size() < partition.min_insync_replicas() {
         return PartitionResult::error(
             index,

@@ -435,6 +435,33 @@ impl ReplicaManager {
         }
     }
 
+    /// One cleaning pass over every compacted partition that is dirty enough.
+    pub fn clean_compacted(&self) {
+        let now = now_ms();
+        for topic in self.topics().by_name.values() {
+            for p in &topic.partitions {
+                if !p.is_compacted() {
+                    continue;
+                }
+                match p.clean(now, false) {
+                    Ok(Some(stats)) if stats.segments_cleaned > 0 => tracing::info!(
+                        topic = %topic.name,
+                        partition = p.index,
+                        segments = stats.segments_cleaned,
+                        bytes_before = stats.bytes_before,
+                        bytes_after = stats.bytes_after,
+                        records_removed = stats.records_removed,
+                        "compacted"
+                    ),
+                    Ok(_) | Err(PartitionError::Gone) => {}
+                    Err(PartitionError::Storage(e)) => {
+                        tracing::error!(topic = %topic.name, partition = p.index, error = %e, "compaction failed")
+                    }
+                }
+            }
+        }
+    }
+
     /// Flushes and closes every log (clean shutdown).
     pub fn close(&self) {
         for topic in self.topics().by_name.values() {

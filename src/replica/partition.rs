@@ -6,10 +6,10 @@
 //! offset as soon as an append is written. The last stable offset equals the
 //! high watermark until transactions exist.
 
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use strand_storage::{AppendInfo, Log, LogConfig, ReadInfo, StorageError, TimestampLookup};
+use strand_storage::{AppendInfo, CleanStats, Log, LogConfig, ReadInfo, StorageError, TimestampLookup};
 use tokio::sync::watch;
 
 /// A partition that has been deleted (or the broker is shutting down).
@@ -37,6 +37,8 @@ pub struct Partition {
     /// Leader epoch: 0 for the single node; bumps on leadership change in a cluster.
     pub leader_epoch: i32,
     min_insync_replicas: AtomicI32,
+    /// `cleanup.policy` includes compact: records must have keys.
+    compacted: AtomicBool,
     /// `None` once the partition is deleted or closed.
     log: Mutex<Option<Log>>,
     /// Publishes the high watermark so long-polling fetches wake on appends.
@@ -46,7 +48,9 @@ pub struct Partition {
 impl Partition {
     pub fn new(topic: &str, index: i32, log: Log, min_insync_replicas: i32) -> Partition {
         let hw = log.log_end_offset();
+        let compacted = AtomicBool::new(log.config().cleanup_compact);
         Partition {
+            compacted,
             topic: topic.to_string(),
             index,
             leader_epoch: 0,
@@ -133,8 +137,24 @@ impl Partition {
         self.with_log(|log| log.delete_records(offset))
     }
 
+    pub fn is_compacted(&self) -> bool {
+        self.compacted.load(Ordering::Relaxed)
+    }
+
+    /// One compaction pass if the log is compacted and dirty enough (or `force`).
+    /// The expensive part (reading, building the key map, writing cleaned
+    /// segments) runs without the log lock: sealed segments never change, and
+    /// the install step checks that the segments it replaces are still there.
+    pub fn clean(&self, now_ms: i64, force: bool) -> Result<Option<CleanStats>, PartitionError> {
+        let Some(job) = self.with_log(|log| Ok(log.prepare_clean(now_ms, force)))? else { return Ok(None) };
+        let cleaned = job.run()?;
+        let stats = self.with_log(|log| log.install_clean(cleaned))?;
+        Ok(Some(stats))
+    }
+
     pub fn set_config(&self, log_config: LogConfig, min_insync_replicas: i32) -> Result<(), PartitionError> {
         self.min_insync_replicas.store(min_insync_replicas, Ordering::Relaxed);
+        self.compacted.store(log_config.cleanup_compact, Ordering::Relaxed);
         self.with_log(|log| {
             log.set_config(log_config);
             Ok(())
