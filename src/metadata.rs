@@ -38,6 +38,9 @@ pub struct MetadataImage {
     pub broker_configs_cluster_default: BTreeMap<String, String>,
     #[serde(default)]
     pub broker_configs_this_broker: BTreeMap<String, String>,
+    /// Producer ids below this may have been handed out: a restart continues from here.
+    #[serde(default)]
+    pub producer_id_block_end: i64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,6 +97,7 @@ impl MetadataStore {
                         topics: BTreeMap::new(),
                         broker_configs_cluster_default: BTreeMap::new(),
                         broker_configs_this_broker: BTreeMap::new(),
+                        producer_id_block_end: 0,
                     },
                 };
                 store.save()?;

@@ -12,6 +12,7 @@ pub mod group;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
+pub mod producer;
 pub mod versions;
 
 use std::net::SocketAddr;
@@ -125,6 +126,7 @@ pub async fn handle(
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(group::describe_groups(&ctx, r).await),
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(group::delete_groups(&ctx, r).await),
         RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(group::offset_delete(&ctx, r).await),
+        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(producer::init_producer_id(&ctx, r)),
         RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
         RequestKind::IncrementalAlterConfigs(r) => {
             ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r))

@@ -96,10 +96,16 @@ pub fn validate_topic_name(name: &str) -> Result<(), TopicError> {
     Ok(())
 }
 
+/// Producer ids are reserved in blocks whose end is persisted before any id
+/// of the block is handed out, so no id is ever reused, even after a crash.
+const PRODUCER_ID_BLOCK_SIZE: i64 = 1000;
+
 pub struct ReplicaManager {
     pub config: BrokerConfig,
     pub cluster_id: String,
     store: Mutex<MetadataStore>,
+    /// (next producer id, end of the reserved block).
+    producer_ids: Mutex<(i64, i64)>,
     topics: RwLock<Arc<TopicMap>>,
     dynamic: RwLock<DynamicBrokerConfigs>,
 }
@@ -124,7 +130,9 @@ impl ReplicaManager {
         }
         Self::remove_stale_dirs(&config.log_dir, &map);
         tracing::info!(topics = map.by_name.len(), elapsed_ms = started.elapsed().as_millis() as u64, "logs loaded");
+        let block_end = store.image.producer_id_block_end;
         Ok(ReplicaManager {
+            producer_ids: Mutex::new((block_end, block_end)),
             cluster_id: store.image.cluster_id.clone(),
             config,
             store: Mutex::new(store),
@@ -421,6 +429,21 @@ impl ReplicaManager {
             }
         }
         Ok(())
+    }
+
+    /// A producer id never handed out before (InitProducerId).
+    pub fn allocate_producer_id(&self) -> Result<i64, TopicError> {
+        let mut ids = self.producer_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if ids.0 >= ids.1 {
+            let mut store = self.lock_store();
+            let end = ids.0 + PRODUCER_ID_BLOCK_SIZE;
+            store.image.producer_id_block_end = end;
+            store.save()?;
+            ids.1 = end;
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
     }
 
     /// Periodic flush and retention over every partition.
