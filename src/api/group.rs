@@ -92,6 +92,7 @@ pub async fn join_group(ctx: &RequestContext, req: JoinGroupRequest) -> JoinGrou
         protocol_type: req.protocol_type.to_string(),
         protocols: req.protocols.iter().map(|p| (p.name.to_string(), p.metadata.clone())).collect(),
         require_known_member_id: v >= 4,
+        supports_skip_assignment: v >= 9,
     };
     let r = ctx.state.groups().join(request).await;
     JoinGroupResponse::default()

@@ -68,13 +68,7 @@ pub async fn handle(
         if api_key == ApiKey::ApiVersions {
             // KIP-511: answer with v0 and UNSUPPORTED_VERSION so the client can retry with a version we list.
             let body = api_versions::unsupported_version_response();
-            return Outcome::Respond(encode(
-                correlation_id,
-                0,
-                ApiKey::ApiVersions,
-                0,
-                &ResponseKind::ApiVersions(body),
-            ));
+            return encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body));
         }
         return Outcome::Close(match versions::supported_range(api_key) {
             Some((lo, hi)) => format!("{api_key:?} version {version} is not supported (supported: {lo}..={hi})"),
@@ -137,24 +131,26 @@ pub async fn handle(
         }
     };
     let response_header_version = api_key.response_header_version(version);
-    Outcome::Respond(encode(correlation_id, response_header_version, api_key, version, &response))
+    encode(correlation_id, response_header_version, api_key, version, &response)
 }
 
 /// Encodes a response frame: size prefix, response header, body.
-fn encode(correlation_id: i32, header_version: i16, api_key: ApiKey, version: i16, body: &ResponseKind) -> BytesMut {
+/// Encoding our own structs fails only on a programming error (a field set
+/// that does not exist at this version). A truncated frame would desynchronise
+/// the client, so the connection is closed instead; debug builds fail loudly.
+fn encode(correlation_id: i32, header_version: i16, api_key: ApiKey, version: i16, body: &ResponseKind) -> Outcome {
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
     let mut buf = BytesMut::with_capacity(64);
     buf.put_i32(0);
-    // Encoding our own well-formed structs can only fail on a programming error
-    // (a field not valid at this version); that is worth a loud failure in tests.
-    header.encode(&mut buf, header_version).expect("response header encodes");
-    if let Err(e) = body.encode(&mut buf, version) {
+    let encoded = header.encode(&mut buf, header_version).and_then(|_| body.encode(&mut buf, version));
+    if let Err(e) = encoded {
         tracing::error!(?api_key, version, error = %e, "response encoding failed");
-        debug_assert!(false, "response encoding failed: {e}");
+        debug_assert!(false, "{api_key:?} v{version} response encoding failed: {e}");
+        return Outcome::Close(format!("internal error encoding the {api_key:?} v{version} response"));
     }
     let size = (buf.len() - 4) as i32;
     buf[0..4].copy_from_slice(&size.to_be_bytes());
-    buf
+    Outcome::Respond(buf)
 }
 
 /// Converts a `&str` into the protocol's string type.

@@ -43,6 +43,8 @@ pub struct JoinRequest {
     pub protocols: Vec<(String, Bytes)>,
     /// JoinGroup v4+: a new dynamic member first gets MEMBER_ID_REQUIRED (KIP-394).
     pub require_known_member_id: bool,
+    /// JoinGroup v9+: a rejoining static leader can be told to skip assignment (KIP-814).
+    pub supports_skip_assignment: bool,
 }
 
 #[derive(Debug, Clone, Default)]

@@ -378,7 +378,18 @@ impl Shard {
                 if group.select_protocol() == current {
                     // Persist the new member id so a restart remembers who holds the assignment.
                     let value = group_value(group);
-                    let resp = group.join_response_for(&new_id, true);
+                    let resp = if req.supports_skip_assignment || group.leader.as_deref() != Some(new_id.as_str()) {
+                        group.join_response_for(&new_id, true)
+                    } else {
+                        // Before v9 a replaced static leader is answered as a follower
+                        // (the old id as leader, no members): it keeps its assignment
+                        // through SyncGroup instead of computing a new one.
+                        JoinResponse {
+                            leader: old_id.clone(),
+                            members: Vec::new(),
+                            ..group.join_response_for(&new_id, false)
+                        }
+                    };
                     if let Err(e) =
                         self.append(vec![(records::encode_key(&RecordKey::Group { group: gid.clone() }), Some(value))])
                     {
