@@ -58,8 +58,16 @@ public final class Main {
         try {
             advertised = apiVersions(bootstrap);
         } catch (Exception e) {
-            System.err.println("ApiVersions probe of " + bootstrap + " failed: " + e);
-            advertised = null;
+            // No broker to talk to: report every capability as failed at once
+            // instead of letting each one run into client timeouts.
+            String why = "broker at " + bootstrap + " unreachable (ApiVersions probe: " + describe(e) + ")";
+            String client = args[0].equals("client") ? "java" : "kafka-cli";
+            String[] caps = args[0].equals("client")
+                    ? new String[] {"admin", "produce", "consume-group", "committed-offsets", "idempotent", "transactions",
+                        "consume-transform-produce"}
+                    : new String[] {"topics", "console-produce-consume", "consumer-groups", "transactions-cli"};
+            for (String cap : caps) capability(client, cap, null, () -> { throw new Mismatch(why); });
+            System.exit(1);
         }
         if (args[0].equals("client")) {
             ClientChecks.runAll();
