@@ -323,49 +323,158 @@ pub fn iter(buf: &[u8]) -> impl Iterator<Item = (usize, BatchHeader<'_>, usize)>
 /// Builds a valid uncompressed v2 batch of `count` records, each with the given
 /// value, for tests and benches. Not used by the broker.
 pub fn build_test_batch(base_offset: i64, timestamp: i64, values: &[&[u8]]) -> Vec<u8> {
-    fn put_varint(out: &mut Vec<u8>, v: i64) {
-        let mut z = ((v << 1) ^ (v >> 63)) as u64;
-        loop {
-            if z < 0x80 {
-                out.push(z as u8);
-                return;
-            }
-            out.push((z as u8 & 0x7f) | 0x80);
-            z >>= 7;
+    let records: Vec<(Option<&[u8]>, &[u8])> = values.iter().map(|v| (None, *v)).collect();
+    build_batch(base_offset, timestamp, 0, -1, -1, -1, &records)
+}
+
+/// Builds a valid uncompressed v2 batch of an idempotent (or, with
+/// `transactional`, transactional) producer: producer id, epoch and base
+/// sequence set, one record per value (null keys), base offset 0.
+pub fn build_producer_batch(
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    transactional: bool,
+    timestamp: i64,
+    values: &[&[u8]],
+) -> Vec<u8> {
+    let records: Vec<(Option<&[u8]>, &[u8])> = values.iter().map(|v| (None, *v)).collect();
+    let attributes = if transactional { ATTR_TRANSACTIONAL } else { 0 };
+    build_batch(0, timestamp, attributes, producer_id, producer_epoch, base_sequence, &records)
+}
+
+/// Builds a transaction marker as the coordinator writes it (WriteTxnMarkers):
+/// a v2 control batch (attributes: control and transactional), producer id
+/// and epoch set, base sequence -1, one record with key (version 0, type:
+/// 0 ABORT / 1 COMMIT) and value (version 0, coordinator epoch). Valid
+/// CRC-32C, base offset 0.
+pub fn build_control_batch(
+    producer_id: i64,
+    producer_epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+    timestamp: i64,
+) -> Vec<u8> {
+    let key = [0, 0, 0, u8::from(commit)];
+    let mut value = [0u8; 6];
+    value[2..].copy_from_slice(&coordinator_epoch.to_be_bytes());
+    build_batch(
+        0,
+        timestamp,
+        ATTR_CONTROL | ATTR_TRANSACTIONAL,
+        producer_id,
+        producer_epoch,
+        -1,
+        &[(Some(&key[..]), &value[..])],
+    )
+}
+
+fn put_varint(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    loop {
+        if z < 0x80 {
+            out.push(z as u8);
+            return;
         }
+        out.push((z as u8 & 0x7f) | 0x80);
+        z >>= 7;
     }
-    let mut records = Vec::new();
-    for (i, value) in values.iter().enumerate() {
+}
+
+/// An uncompressed v2 batch of `records` (key, value), with CRC-32C.
+fn build_batch(
+    base_offset: i64,
+    timestamp: i64,
+    attributes: i16,
+    producer_id: i64,
+    producer_epoch: i16,
+    base_sequence: i32,
+    records: &[(Option<&[u8]>, &[u8])],
+) -> Vec<u8> {
+    let mut body_all = Vec::new();
+    for (i, (key, value)) in records.iter().enumerate() {
         let mut body = Vec::new();
         body.push(0u8); // record attributes
         put_varint(&mut body, 0); // timestamp delta
         put_varint(&mut body, i as i64); // offset delta
-        put_varint(&mut body, -1); // null key
+        match key {
+            Some(k) => {
+                put_varint(&mut body, k.len() as i64);
+                body.extend_from_slice(k);
+            }
+            None => put_varint(&mut body, -1),
+        }
         put_varint(&mut body, value.len() as i64);
         body.extend_from_slice(value);
         put_varint(&mut body, 0); // no headers
-        put_varint(&mut records, body.len() as i64);
-        records.extend_from_slice(&body);
+        put_varint(&mut body_all, body.len() as i64);
+        body_all.extend_from_slice(&body);
     }
-    let count = values.len().max(1) as i32;
-    let mut b = Vec::with_capacity(HEADER_BYTES + records.len());
+    let count = records.len().max(1) as i32;
+    let mut b = Vec::with_capacity(HEADER_BYTES + body_all.len());
     b.extend_from_slice(&base_offset.to_be_bytes());
-    b.extend_from_slice(&((BATCH_LENGTH_MIN + records.len()) as i32).to_be_bytes());
+    b.extend_from_slice(&((BATCH_LENGTH_MIN + body_all.len()) as i32).to_be_bytes());
     b.extend_from_slice(&0i32.to_be_bytes()); // leader epoch
     b.push(2); // magic
     b.extend_from_slice(&0u32.to_be_bytes()); // crc placeholder
-    b.extend_from_slice(&0i16.to_be_bytes()); // attributes
+    b.extend_from_slice(&attributes.to_be_bytes());
     b.extend_from_slice(&(count - 1).to_be_bytes());
     b.extend_from_slice(&timestamp.to_be_bytes());
     b.extend_from_slice(&timestamp.to_be_bytes());
-    b.extend_from_slice(&(-1i64).to_be_bytes()); // producer id
-    b.extend_from_slice(&(-1i16).to_be_bytes()); // producer epoch
-    b.extend_from_slice(&(-1i32).to_be_bytes()); // base sequence
-    b.extend_from_slice(&(values.len() as i32).to_be_bytes());
-    b.extend_from_slice(&records);
+    b.extend_from_slice(&producer_id.to_be_bytes());
+    b.extend_from_slice(&producer_epoch.to_be_bytes());
+    b.extend_from_slice(&base_sequence.to_be_bytes());
+    b.extend_from_slice(&(records.len() as i32).to_be_bytes());
+    b.extend_from_slice(&body_all);
     let crc = crc32c::crc32c(&b[OFF_ATTRIBUTES..]);
     b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
     b
+}
+
+/// Kafka's `DefaultRecordBatch.incrementSequence`: sequences wrap from
+/// `i32::MAX` to 0.
+pub fn increment_sequence(sequence: i32, increment: i32) -> i32 {
+    if sequence > i32::MAX - increment {
+        increment - (i32::MAX - sequence) - 1
+    } else {
+        sequence + increment
+    }
+}
+
+/// An end-transaction marker (the record of a control batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndTxnMarker {
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+/// Reads the end-transaction marker of a whole control batch: `Ok(None)` for
+/// a control batch with no records (cleaned away) or whose record is not a
+/// COMMIT/ABORT marker (e.g. a KRaft control record); an error if the record
+/// cannot be parsed. Only the one tiny record of a control batch is decoded.
+pub fn parse_end_txn_marker(batch: &[u8], position: usize) -> Result<Option<EndTxnMarker>, BatchError> {
+    let (header, _) = peek_header(batch, position)?;
+    if header.record_count() == 0 {
+        return Ok(None);
+    }
+    let (raw, recs) = crate::records::decode(batch, position)?;
+    let bad = |what: &str| BatchError::InvalidRecords { position, reason: format!("control record: {what}") };
+    let record = recs.first().ok_or_else(|| bad("missing"))?;
+    let key = record.key.clone().map(|k| &raw[k]).ok_or_else(|| bad("null key"))?;
+    if key.len() < 4 {
+        return Err(bad("key shorter than 4 bytes"));
+    }
+    let commit = match i16::from_be_bytes([key[2], key[3]]) {
+        0 => false,
+        1 => true,
+        _ => return Ok(None),
+    };
+    let value = record.value.clone().map(|v| &raw[v]).ok_or_else(|| bad("null value"))?;
+    if value.len() < 6 {
+        return Err(bad("end transaction marker value shorter than 6 bytes"));
+    }
+    let coordinator_epoch = i32::from_be_bytes(value[2..6].try_into().expect("4 bytes"));
+    Ok(Some(EndTxnMarker { commit, coordinator_epoch }))
 }
 
 #[cfg(test)]
@@ -403,6 +512,30 @@ mod tests {
         let mut small = b.clone();
         small[8..12].copy_from_slice(&3i32.to_be_bytes());
         assert!(matches!(validate(&small, 0), Err(BatchError::LengthTooSmall { .. })));
+    }
+
+    #[test]
+    fn producer_and_control_batches_validate() {
+        let b = build_producer_batch(7, 3, 41, true, 1_000, &[b"a", b"b"]);
+        let (h, _) = validate(&b, 0).unwrap();
+        assert_eq!((h.producer_id(), h.producer_epoch(), h.base_sequence()), (7, 3, 41));
+        assert!(h.is_transactional() && !h.is_control());
+        assert!(parse_end_txn_marker(&build_test_batch(0, 0, &[b"x"]), 0).is_err());
+        for commit in [false, true] {
+            let c = build_control_batch(7, 4, commit, 9, 2_000);
+            let (h, _) = validate(&c, 0).unwrap();
+            assert!(h.is_control() && h.is_transactional());
+            assert_eq!((h.producer_id(), h.producer_epoch(), h.base_sequence(), h.record_count()), (7, 4, -1, 1));
+            assert_eq!(parse_end_txn_marker(&c, 0).unwrap(), Some(EndTxnMarker { commit, coordinator_epoch: 9 }));
+        }
+    }
+
+    #[test]
+    fn sequences_wrap_like_kafka() {
+        assert_eq!(increment_sequence(5, 3), 8);
+        assert_eq!(increment_sequence(i32::MAX, 1), 0);
+        assert_eq!(increment_sequence(i32::MAX - 1, 3), 1);
+        assert_eq!(increment_sequence(i32::MAX, 0), i32::MAX);
     }
 
     #[test]

@@ -15,8 +15,9 @@
 //! base timestamp and producer fields; only the kept records are re-encoded
 //! (verbatim record bytes, recompressed with the batch's codec, new CRC). A
 //! batch left with no records is removed. Control batches and transactional
-//! batches are kept whole and do not enter the map (there is no transaction
-//! index yet to tell aborted data from committed); a tombstone whose key also
+//! batches are kept whole and do not enter the map (aborted data is not told
+//! from committed yet); their segments' aborted-transaction index entries
+//! are copied into the cleaned segment's `.txnindex`; a tombstone whose key also
 //! appears in a transactional batch is kept, so removing it can never bring
 //! an older transactional value back.
 //!
@@ -25,7 +26,7 @@
 //! Log`: it reads sealed segments through their shared read handles.
 //!
 //! Swap protocol, per group of replaced segments with first base `b`: the
-//! cleaned files are written as `<b>.{log,index,timeindex}.cleaned` and
+//! cleaned files are written as `<b>.{log,index,timeindex,txnindex}.cleaned` and
 //! fsynced; renamed to `.swap` (indexes first, log last: the log's rename is
 //! the commit point) and the directory fsynced; renamed over `<b>.*`
 //! (indexes first); then the other replaced segments are deleted. On open,
@@ -46,10 +47,12 @@ use crate::checkpoint::sync_dir;
 use crate::error::{Result, StorageError};
 use crate::records::{self, RecordRef};
 use crate::segment::{file_name, walk, BatchMeta, Segment, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::txn_index::{TxnIndexEntry, TXN_INDEX_SUFFIX};
 
 pub(crate) const CLEANED_SUFFIX: &str = ".cleaned";
 pub(crate) const SWAP_SUFFIX: &str = ".swap";
-const SUFFIXES: [&str; 3] = [INDEX_SUFFIX, TIME_INDEX_SUFFIX, LOG_SUFFIX];
+/// The log last: its rename is the commit point of a swap.
+const SUFFIXES: [&str; 4] = [INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX];
 /// Bytes of output collected before one write to the cleaned segment.
 const WRITE_CHUNK_BYTES: usize = 1 << 20;
 
@@ -73,6 +76,8 @@ pub(crate) struct Source {
     pub file: Arc<File>,
     pub path: Arc<PathBuf>,
     pub size: u64,
+    /// The segment's aborted-transaction index entries, copied into the cleaned segment.
+    pub aborted: Vec<TxnIndexEntry>,
 }
 
 /// A cleaning pass prepared under the log's lock by `Log::prepare_clean`;
@@ -269,6 +274,14 @@ impl CleanJob {
                     break;
                 }
             }
+            // Transactional and control batches are kept whole, so every
+            // aborted transaction stays as it was: keep its index entries.
+            out.ensure_txn_index_file()?;
+            for src in &self.sources[i..j] {
+                for entry in &src.aborted {
+                    out.append_aborted_txn(*entry)?;
+                }
+            }
             out.seal()?;
             out.flush()?;
             let group = cleaned.groups.last_mut().expect("pushed above");
@@ -338,7 +351,7 @@ pub(crate) fn recover_swaps(dir: &Path) -> Result<()> {
     }
     for base in swapped {
         info!(dir = %dir.display(), base, "completing an interrupted cleaned segment swap");
-        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX] {
+        for suffix in [INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX] {
             if dir.join(file_name(base, suffix) + SWAP_SUFFIX).exists() {
                 rename(dir, base, suffix, SWAP_SUFFIX, "")?;
             }

@@ -20,6 +20,9 @@ pub enum StorageError {
     /// start-up must stop rather than silently drop it.
     #[error("corrupt data behind the recovery point {recovery_point} in {file} at byte {position}: {reason}")]
     CorruptBehindRecoveryPoint { file: PathBuf, position: u64, recovery_point: i64, reason: String },
+    /// The producer state refused a batch (idempotence or transactions); nothing was written.
+    #[error("{0}")]
+    Producer(#[from] crate::producer_state::ProducerError),
     /// A checkpoint or index file could not be understood.
     #[error("corrupt file {file}: {reason}")]
     CorruptFile { file: PathBuf, reason: String },

@@ -13,7 +13,9 @@
 //!
 //! Modules: [`batch`] (batch header parsing and validation), `segment`,
 //! `index_file` (memory-mapped entries shared by the two indexes),
-//! `offset_index`, `time_index`, `checkpoint`, `recovery`, [`log`].
+//! `offset_index`, `time_index`, `txn_index` (aborted transactions),
+//! [`producer_state`] (idempotent and transactional producers, snapshots),
+//! `checkpoint`, `recovery`, [`log`].
 
 pub mod batch;
 mod checkpoint;
@@ -22,11 +24,14 @@ mod error;
 mod index_file;
 pub mod log;
 mod offset_index;
+pub mod producer_state;
 mod records;
 mod recovery;
 mod segment;
 mod time_index;
+mod txn_index;
 
 pub use cleaner::{CleanJob, CleanStats, CleanedSegments};
 pub use error::StorageError;
-pub use log::{AppendInfo, FileSlice, Log, LogConfig, ReadInfo, TimestampLookup};
+pub use log::{AbortedTxn, AppendInfo, FileSlice, Log, LogConfig, ProducerInfo, ReadInfo, TimestampLookup};
+pub use producer_state::ProducerError;

@@ -16,12 +16,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::batch::{self, BatchError};
 use crate::checkpoint::Checkpoint;
 use crate::cleaner::{self, CleanJob, CleanStats, CleanedSegments, Source};
 use crate::error::{Result, StorageError};
+use crate::producer_state::{self, BatchKind, Pending, ProducerBatch, ProducerStateManager};
 use crate::recovery;
 use crate::segment::{BatchMeta, Segment};
 
@@ -61,6 +62,9 @@ pub struct LogConfig {
     /// `min.compaction.lag.ms` / `log.cleaner.min.compaction.lag.ms` (0): segments
     /// holding a batch younger than this are not compacted yet.
     pub min_compaction_lag_ms: i64,
+    /// `producer.id.expiration.ms` (1 day): [`Log::expire_producers`] forgets a
+    /// producer with no open transaction whose last write is this old.
+    pub producer_id_expiration_ms: i64,
 }
 
 impl Default for LogConfig {
@@ -80,6 +84,7 @@ impl Default for LogConfig {
             delete_retention_ms: 24 * 3600 * 1000,
             min_cleanable_dirty_ratio_permille: 500,
             min_compaction_lag_ms: 0,
+            producer_id_expiration_ms: 86_400_000,
         }
     }
 }
@@ -96,6 +101,33 @@ pub struct AppendInfo {
     /// Log start offset after the append.
     pub log_start_offset: i64,
     pub record_count: i64,
+    /// A batch of the append was a retry of one of its producer's last 5
+    /// batches: nothing was written, and `base_offset`, `last_offset` and
+    /// `max_timestamp` are the original batch's (`record_count` is 0).
+    pub duplicate: bool,
+}
+
+/// An aborted transaction (from the `.txnindex` files), for read_committed fetches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AbortedTxn {
+    pub producer_id: i64,
+    pub first_offset: i64,
+    /// Offset of the ABORT marker.
+    pub last_offset: i64,
+}
+
+/// One producer's state, for DescribeProducers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerInfo {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    /// Last sequence of its last batch; -1 if none is remembered.
+    pub last_sequence: i32,
+    /// maxTimestamp of its last batch (or the timestamp of its last marker).
+    pub last_timestamp: i64,
+    pub coordinator_epoch: i32,
+    /// First offset of its open transaction; -1 if none.
+    pub current_txn_start_offset: i64,
 }
 
 /// A byte range of a segment file holding whole batches.
@@ -149,6 +181,8 @@ pub struct Log {
     cleaner_offset: i64,
     messages_since_flush: u64,
     last_flush_ms: i64,
+    /// Idempotent and transactional producers (see `producer_state`).
+    producers: ProducerStateManager,
 }
 
 impl Log {
@@ -166,9 +200,11 @@ impl Log {
             cleaner_offset: recovered.cleaner_offset,
             messages_since_flush: 0,
             last_flush_ms: now_ms,
+            producers: ProducerStateManager::default(),
         };
         let index_max_bytes = log.config.index_max_bytes;
         log.active_mut().activate(index_max_bytes)?;
+        log.load_producer_state(Some(now_ms), recovered.rescanned_from)?;
         // Recovered data may only be in the page cache: make it durable
         // before calling it flushed, and mark the log open (unclean) so a
         // crash from now on is detected.
@@ -180,6 +216,7 @@ impl Log {
             log_start_offset = log.log_start_offset,
             log_end_offset = log.log_end_offset(),
             segments = log.segments.len(),
+            producers = log.producers.len(),
             "opened log"
         );
         Ok(log)
@@ -255,6 +292,7 @@ impl Log {
         let base_offset = self.log_end_offset();
         let mut metas = Vec::with_capacity(info.batch_count);
         let mut offset = base_offset;
+        let mut pending = Pending::default();
         for (position, header, total) in batch::iter(batches) {
             let last_offset = offset + header.last_offset_delta() as i64;
             metas.push(BatchMeta {
@@ -264,6 +302,37 @@ impl Log {
                 max_timestamp: header.max_timestamp(),
                 total_bytes: total as u64,
             });
+            if header.producer_id() >= 0 {
+                let kind = if header.is_control() {
+                    match batch::parse_end_txn_marker(&batches[position..position + total], position)? {
+                        Some(marker) => BatchKind::Marker(marker),
+                        None => BatchKind::OtherControl,
+                    }
+                } else {
+                    BatchKind::Data { transactional: header.is_transactional() }
+                };
+                let b = ProducerBatch {
+                    producer_id: header.producer_id(),
+                    epoch: header.producer_epoch(),
+                    base_sequence: header.base_sequence(),
+                    last_offset_delta: header.last_offset_delta(),
+                    first_offset: offset,
+                    last_offset,
+                    max_timestamp: header.max_timestamp(),
+                    kind,
+                };
+                if let Some(original) = self.producers.stage(&mut pending, &b, true)? {
+                    // Kafka: a retried batch answers the whole append with its original offsets.
+                    return Ok(AppendInfo {
+                        base_offset: original.first_offset,
+                        last_offset: original.last_offset,
+                        max_timestamp: original.max_timestamp,
+                        log_start_offset: self.log_start_offset,
+                        record_count: 0,
+                        duplicate: true,
+                    });
+                }
+            }
             offset = last_offset + 1;
         }
         assert_eq!(metas.len(), info.batch_count, "validate_all and iter disagree");
@@ -287,6 +356,11 @@ impl Log {
         let interval = self.config.index_interval_bytes;
         self.active_mut().append(batches, &metas, interval)?;
         debug_assert_eq!(self.log_end_offset(), last_offset + 1);
+        if !pending.is_empty() {
+            for aborted in self.producers.commit(pending) {
+                self.active_mut().append_aborted_txn(aborted)?;
+            }
+        }
 
         self.messages_since_flush = self.messages_since_flush.saturating_add(info.record_count as u64);
         if self.messages_since_flush >= self.config.flush_interval_messages {
@@ -299,6 +373,7 @@ impl Log {
             max_timestamp: info.max_timestamp,
             log_start_offset: self.log_start_offset,
             record_count: info.record_count,
+            duplicate: false,
         })
     }
 
@@ -435,6 +510,146 @@ impl Log {
             "rolled segment"
         );
         self.segments.insert(base_offset, segment);
+        // Producer state as of the new segment's base: recovery replays from here.
+        producer_state::write_snapshot(&self.dir, base_offset, &self.producers)?;
+        self.prune_snapshots()
+    }
+
+    /// Deletes producer snapshots that can no longer be used: those below
+    /// the first segment's base (their replay would need deleted data), and
+    /// all but the newest two unless at or above the base of the segment
+    /// holding the recovery point (where unclean recovery replays from). If
+    /// none is left, one is written at the log end offset.
+    fn prune_snapshots(&mut self) -> Result<()> {
+        let snapshots = producer_state::list_snapshots(&self.dir)?;
+        let first_base = *self.segments.keys().next().expect("a log always has a segment");
+        let keep_from = self.segments.range(..=self.recovery_point).next_back().map_or(first_base, |(&b, _)| b);
+        let n = snapshots.len();
+        let mut kept = 0;
+        for (i, &offset) in snapshots.iter().enumerate() {
+            let newest_two = i + 2 >= n;
+            if offset < first_base || (!newest_two && offset < keep_from) {
+                producer_state::delete_snapshot(&self.dir, offset)?;
+            } else {
+                kept += 1;
+            }
+        }
+        if kept == 0 {
+            producer_state::write_snapshot(&self.dir, self.log_end_offset(), &self.producers)?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the producer state: the newest readable snapshot at or below
+    /// the log end offset (or, when `rebuild_txn_from` is set, at or below
+    /// it), then a replay of batch headers from its offset (no snapshot: from
+    /// the log start offset). Snapshots above the log end are deleted,
+    /// corrupt ones skipped and deleted with a warning. With `now_ms`,
+    /// expired producers of the snapshot are dropped (Kafka does so on load).
+    /// With `rebuild_txn_from`, the transaction indexes of the segments from
+    /// that base on are rebuilt by the replay.
+    fn load_producer_state(&mut self, now_ms: Option<i64>, rebuild_txn_from: Option<i64>) -> Result<()> {
+        let log_end = self.log_end_offset();
+        let snapshots = producer_state::list_snapshots(&self.dir)?;
+        for &offset in snapshots.iter().filter(|&&o| o > log_end) {
+            info!(dir = %self.dir.display(), offset, log_end, "deleting producer snapshot above the log end");
+            producer_state::delete_snapshot(&self.dir, offset)?;
+        }
+        let limit = rebuild_txn_from.map_or(log_end, |r| r.min(log_end));
+        let mut loaded = None;
+        for &offset in snapshots.iter().rev().filter(|&&o| o <= limit) {
+            match producer_state::read_snapshot(&self.dir, offset) {
+                Ok(state) => {
+                    loaded = Some((offset, state));
+                    break;
+                }
+                Err(reason) => {
+                    warn!(
+                        file = %producer_state::snapshot_path(&self.dir, offset).display(),
+                        reason,
+                        "skipping and deleting a corrupt producer snapshot"
+                    );
+                    producer_state::delete_snapshot(&self.dir, offset)?;
+                }
+            }
+        }
+        let (from, mut state) = match loaded {
+            Some((offset, state)) => (offset, state),
+            None => (self.log_start_offset, ProducerStateManager::default()),
+        };
+        if let Some(now_ms) = now_ms {
+            state.expire(now_ms, self.config.producer_id_expiration_ms);
+        }
+        self.producers = state;
+        let rebuild_from = rebuild_txn_from.unwrap_or(i64::MAX);
+        if rebuild_txn_from.is_some() {
+            for segment in self.segments.range_mut(rebuild_from..).map(|(_, s)| s) {
+                segment.reset_txn_index()?;
+            }
+        }
+        self.replay(from, rebuild_from)?;
+        if rebuild_txn_from.is_some() {
+            for segment in self.segments.range(rebuild_from..).map(|(_, s)| s) {
+                segment.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the producer batches from `from` to the log end to the
+    /// producer state, reading batch headers only (and the one record of
+    /// each control batch). Aborted transactions whose marker is at or after
+    /// `rebuild_txn_from` are added to their segment's transaction index.
+    fn replay(&mut self, from: i64, rebuild_txn_from: i64) -> Result<()> {
+        let first = self.segments.range(..=from).next_back().map_or(i64::MIN, |(&b, _)| b);
+        let bases: Vec<i64> = self.segments.range(first..).map(|(&b, _)| b).collect();
+        let mut replayed = 0u64;
+        for base in bases {
+            let Log { segments, producers, .. } = self;
+            let segment = &segments[&base];
+            let mut aborted = Vec::new();
+            segment.for_each_header_from(from, &mut |position, h| {
+                if h.producer_id() < 0 || h.last_offset() < from {
+                    return Ok(());
+                }
+                let kind = if h.is_control() {
+                    let bytes = segment.read_bytes(position, h.total_bytes() as u64)?;
+                    match batch::parse_end_txn_marker(&bytes, position as usize) {
+                        Ok(Some(marker)) => BatchKind::Marker(marker),
+                        Ok(None) => BatchKind::OtherControl,
+                        Err(e) => {
+                            warn!(file = %segment.log_path().display(), position, error = %e, "unreadable control record");
+                            BatchKind::OtherControl
+                        }
+                    }
+                } else {
+                    BatchKind::Data { transactional: h.is_transactional() }
+                };
+                let b = ProducerBatch {
+                    producer_id: h.producer_id(),
+                    epoch: h.producer_epoch(),
+                    base_sequence: h.base_sequence(),
+                    last_offset_delta: h.last_offset_delta(),
+                    first_offset: h.base_offset(),
+                    last_offset: h.last_offset(),
+                    max_timestamp: h.max_timestamp(),
+                    kind,
+                };
+                let mut pending = Pending::default();
+                let staged = producers.stage(&mut pending, &b, false);
+                debug_assert!(matches!(staged, Ok(None)), "a replay validates nothing");
+                aborted.extend(producers.commit(pending).into_iter().filter(|e| e.last_offset >= rebuild_txn_from));
+                replayed += 1;
+                Ok(())
+            })?;
+            let segment = self.segments.get_mut(&base).expect("listed above");
+            for entry in aborted {
+                segment.append_aborted_txn(entry)?;
+            }
+        }
+        if replayed > 0 {
+            info!(dir = %self.dir.display(), from, batches = replayed, "replayed producer batches");
+        }
         Ok(())
     }
 
@@ -475,7 +690,8 @@ impl Log {
         self.recovery_point = self.recovery_point.min(end);
         self.log_start_offset = self.log_start_offset.min(end);
         self.cleaner_offset = self.cleaner_offset.min(end);
-        Ok(())
+        // Producer state as of the new end: newest snapshot at or below it, then replay.
+        self.load_producer_state(None, None)
     }
 
     /// Deletes every segment and starts an empty log at `offset`.
@@ -489,6 +705,10 @@ impl Log {
         }
         let segment = Segment::create(&self.dir, offset, self.config.index_max_bytes, 0)?;
         self.segments.insert(offset, segment);
+        self.producers.clear();
+        for snapshot in producer_state::list_snapshots(&self.dir)? {
+            producer_state::delete_snapshot(&self.dir, snapshot)?;
+        }
         self.write_checkpoint(false)
     }
 
@@ -531,6 +751,7 @@ impl Log {
             );
             gone.delete_files()?;
         }
+        self.prune_snapshots()?;
         Ok(count)
     }
 
@@ -618,7 +839,14 @@ impl Log {
                 let segment = &self.segments[&base];
                 let next = self.segments.range(base + 1..).next().map(|(&b, _)| b).expect("below the active segment");
                 let (file, path) = segment.reader();
-                Source { base, next, file: Arc::clone(file), path: Arc::clone(path), size: segment.size_bytes() }
+                Source {
+                    base,
+                    next,
+                    file: Arc::clone(file),
+                    path: Arc::clone(path),
+                    size: segment.size_bytes(),
+                    aborted: segment.aborted_txns().to_vec(),
+                }
             })
             .collect();
         let total: u64 = sources.iter().map(|s| s.size).sum();
@@ -723,12 +951,78 @@ impl Log {
         }
     }
 
+    /// The last stable offset: the first offset of the oldest open
+    /// transaction, capped by `high_watermark`. A read_committed fetch serves
+    /// offsets below it.
+    pub fn last_stable_offset(&self, high_watermark: i64) -> i64 {
+        self.producers.first_unstable_offset().map_or(high_watermark, |first| first.min(high_watermark))
+    }
+
+    /// Every aborted transaction whose offsets `[first_offset, last_offset]`
+    /// overlap `[start_offset, upper_offset)`, in marker order: what a
+    /// read_committed Fetch returns with the batches it serves from
+    /// `start_offset` up to `upper_offset`. Kafka's search: from the segment
+    /// holding `start_offset` onwards, stopping at the first entry whose last
+    /// stable offset reaches `upper_offset` (no transaction overlapping the
+    /// range can have ended later).
+    pub fn aborted_transactions(&self, start_offset: i64, upper_offset: i64) -> Vec<AbortedTxn> {
+        let mut out = Vec::new();
+        let first = self.segments.range(..=start_offset).next_back().map_or(i64::MIN, |(&b, _)| b);
+        for segment in self.segments.range(first..).map(|(_, s)| s) {
+            for e in segment.aborted_txns() {
+                if e.last_offset >= start_offset && e.first_offset < upper_offset {
+                    out.push(AbortedTxn {
+                        producer_id: e.producer_id,
+                        first_offset: e.first_offset,
+                        last_offset: e.last_offset,
+                    });
+                }
+                if e.last_stable_offset >= upper_offset {
+                    return out;
+                }
+            }
+        }
+        out
+    }
+
+    /// Every producer's state (DescribeProducers), by producer id.
+    pub fn producers(&self) -> Vec<ProducerInfo> {
+        let mut out: Vec<ProducerInfo> = self
+            .producers
+            .iter()
+            .map(|(producer_id, e)| ProducerInfo {
+                producer_id,
+                producer_epoch: e.producer_epoch,
+                last_sequence: e.last_seq(),
+                last_timestamp: e.last_timestamp,
+                coordinator_epoch: e.coordinator_epoch,
+                current_txn_start_offset: e.current_txn_first_offset.unwrap_or(-1),
+            })
+            .collect();
+        out.sort_unstable_by_key(|p| p.producer_id);
+        out
+    }
+
+    /// Forgets producers with no open transaction whose last write is at
+    /// least `producer_id_expiration_ms` before `now_ms` (Kafka's
+    /// `producer.id.expiration.ms` check, run periodically by the broker).
+    /// Their next batch is accepted with any sequence. Returns how many.
+    pub fn expire_producers(&mut self, now_ms: i64) -> usize {
+        let expired = self.producers.expire(now_ms, self.config.producer_id_expiration_ms);
+        if expired > 0 {
+            info!(dir = %self.dir.display(), expired, "expired producer ids");
+        }
+        expired
+    }
+
     /// Flushes, trims indexes and records a clean shutdown.
     pub fn close(mut self) -> Result<()> {
         self.flush()?;
         let active = self.active_mut();
         active.seal()?;
         active.flush()?;
+        producer_state::write_snapshot(&self.dir, self.log_end_offset(), &self.producers)?;
+        self.prune_snapshots()?;
         self.write_checkpoint(true)?;
         info!(dir = %self.dir.display(), log_end_offset = self.log_end_offset(), "closed log");
         Ok(())

@@ -27,6 +27,8 @@ pub(crate) struct RecordRef {
     pub key: Option<Range<usize>>,
     /// False for a null value (a tombstone).
     pub has_value: bool,
+    /// The value, `None` when null.
+    pub value: Option<Range<usize>>,
 }
 
 fn invalid(position: usize, reason: impl Into<String>) -> BatchError {
@@ -117,7 +119,14 @@ pub(crate) fn parse(raw: &[u8], count: i32, position: usize) -> Result<Vec<Recor
         if at > end {
             return Err(bad("fields run past the record"));
         }
-        out.push(RecordRef { bytes: start..end, timestamp_delta, offset_delta, key, has_value: value.is_some() });
+        out.push(RecordRef {
+            bytes: start..end,
+            timestamp_delta,
+            offset_delta,
+            key,
+            has_value: value.is_some(),
+            value,
+        });
         at = end;
     }
     if at != raw.len() {

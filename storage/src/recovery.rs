@@ -22,6 +22,7 @@ use crate::cleaner;
 use crate::error::{Result, StorageError};
 use crate::log::LogConfig;
 use crate::segment::{Segment, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX};
+use crate::txn_index::TXN_INDEX_SUFFIX;
 
 /// What recovery hands to the log.
 pub(crate) struct Recovered {
@@ -32,6 +33,9 @@ pub(crate) struct Recovered {
     pub recovery_point: i64,
     /// The cleaner's first dirty offset, within the log.
     pub cleaner_offset: i64,
+    /// Base of the first segment whose batches were rescanned (and possibly
+    /// cut): its transaction index and the later ones' must be rebuilt.
+    pub rescanned_from: Option<i64>,
 }
 
 /// Parses `<20 digits>.<suffix>` into the base offset.
@@ -66,7 +70,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         }
         match parse_name(&name) {
             Some((base, LOG_SUFFIX)) => log_bases.push(base),
-            Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX)) => index_files.push((base, entry.path())),
+            Some((base, INDEX_SUFFIX | TIME_INDEX_SUFFIX | TXN_INDEX_SUFFIX)) => index_files.push((base, entry.path())),
             _ => {}
         }
     }
@@ -100,6 +104,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
             log_start_offset: checkpoint_start,
             recovery_point,
             cleaner_offset: checkpoint_start,
+            rescanned_from: None,
         });
     }
     for &base in &log_bases {
@@ -115,6 +120,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     if !clean {
         info!(dir = %dir.display(), recovery_point, from_segment = scan_from, "unclean shutdown: recovering");
     }
+    let mut rescanned_from = (!clean).then_some(scan_from);
 
     for (i, &base) in log_bases.iter().enumerate() {
         let next_base = log_bases.get(i + 1).copied();
@@ -132,6 +138,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
                 continue;
             }
             info!(file = %segment.log_path().display(), "tail check failed after clean shutdown: scanning the segment");
+            rescanned_from = Some(base);
         }
         let end = segment.rebuild(true, config.index_max_bytes, config.index_interval_bytes)?;
         let problem = match (end.error, next_base) {
@@ -164,6 +171,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
             "truncating the log after a torn or corrupt batch"
         );
         segment.truncate_file(end.position)?;
+        rescanned_from = Some(rescanned_from.map_or(base, |r| r.min(base)));
         for &later in log_bases[i + 1..].iter().rev() {
             let gone = segments.remove(&later).expect("opened above");
             warn!(file = %gone.log_path().display(), "deleting segment after the truncation point");
@@ -185,7 +193,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_start_offset = checkpoint_start.max(first_base).min(log_end_offset);
     let cleaner_offset = checkpoint.map_or(0, |c| c.cleaner_offset).clamp(log_start_offset, log_end_offset);
-    Ok(Recovered { segments, log_start_offset, recovery_point, cleaner_offset })
+    Ok(Recovered { segments, log_start_offset, recovery_point, cleaner_offset, rescanned_from })
 }
 
 #[cfg(test)]

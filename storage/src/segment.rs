@@ -15,6 +15,7 @@ use crate::batch::{self, HEADER_BYTES};
 use crate::error::{Result, StorageError};
 use crate::offset_index::{OffsetEntry, OffsetIndex};
 use crate::time_index::{TimeEntry, TimeIndex};
+use crate::txn_index::{TxnIndex, TxnIndexEntry, TXN_INDEX_SUFFIX};
 
 pub(crate) const LOG_SUFFIX: &str = "log";
 pub(crate) const INDEX_SUFFIX: &str = "index";
@@ -71,6 +72,8 @@ pub(crate) struct Segment {
     created_ms: i64,
     /// Whether both index files looked well formed when opened.
     indexes_ok: bool,
+    /// Aborted transactions whose ABORT marker is in this segment.
+    txn_index: TxnIndex,
 }
 
 fn open_reader(path: &Path) -> Result<File> {
@@ -123,6 +126,7 @@ impl Segment {
         let size_bytes = reader.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
         let (offset_index, offset_ok) = OffsetIndex::open(&dir.join(file_name(base_offset, INDEX_SUFFIX) + extra))?;
         let (time_index, time_ok) = TimeIndex::open(&dir.join(file_name(base_offset, TIME_INDEX_SUFFIX) + extra))?;
+        let txn_index = TxnIndex::open(dir.join(file_name(base_offset, TXN_INDEX_SUFFIX) + extra))?;
         let mut segment = Segment {
             base_offset,
             log_path: Arc::new(log_path),
@@ -138,6 +142,7 @@ impl Segment {
             first_batch_max_timestamp: None,
             created_ms: now_ms,
             indexes_ok: offset_ok && time_ok,
+            txn_index,
         };
         if let Some(last) = segment.time_index.last() {
             segment.max_timestamp = last.timestamp;
@@ -302,6 +307,42 @@ impl Segment {
         Ok(end)
     }
 
+    /// Calls `f(position, header)` for every batch from the one holding
+    /// `from_offset` (or the next) to the end, reading only headers (through
+    /// a small window, so neither the records nor large batches are read).
+    pub fn for_each_header_from(
+        &self,
+        from_offset: i64,
+        f: &mut dyn FnMut(u64, &batch::BatchHeader<'_>) -> Result<()>,
+    ) -> Result<()> {
+        const WINDOW: u64 = 64 * 1024;
+        let Some(first) = self.find_batch(from_offset)? else { return Ok(()) };
+        let corrupt = |reason: String| StorageError::CorruptFile { file: self.log_path.to_path_buf(), reason };
+        let mut buf = Vec::new();
+        let mut buf_start = 0u64;
+        let mut position = first.position;
+        while position < self.size_bytes {
+            if position + HEADER_BYTES as u64 > self.size_bytes {
+                return Err(corrupt(format!("batch header at byte {position} runs past the end of the file")));
+            }
+            if position < buf_start || position + HEADER_BYTES as u64 > buf_start + buf.len() as u64 {
+                let want = WINDOW.min(self.size_bytes - position) as usize;
+                buf.resize(want, 0);
+                self.reader.read_exact_at(&mut buf, position).map_err(|e| StorageError::io(&*self.log_path, e))?;
+                buf_start = position;
+            }
+            let at = (position - buf_start) as usize;
+            let (header, total) = batch::parse_header(&buf[at..at + HEADER_BYTES], position as usize)
+                .map_err(|e| corrupt(e.to_string()))?;
+            if position + total as u64 > self.size_bytes {
+                return Err(corrupt(format!("batch at byte {position} runs past the end of the file")));
+            }
+            f(position, &header)?;
+            position += total as u64;
+        }
+        Ok(())
+    }
+
     /// Walks headers from `position` to the first batch matching `pred`.
     pub fn find_batch_from(&self, mut position: u64, pred: impl Fn(&BatchMeta) -> bool) -> Result<Option<BatchMeta>> {
         while position < self.size_bytes {
@@ -429,6 +470,7 @@ impl Segment {
         writer.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.size_bytes = position;
         let end = self.rebuild(false, index_max_bytes, index_interval_bytes)?;
+        self.txn_index.truncate_to(self.next_offset)?;
         match end.error {
             None => Ok(()),
             Some(reason) => Err(StorageError::CorruptFile { file: self.log_path.to_path_buf(), reason }),
@@ -449,14 +491,36 @@ impl Segment {
         if position == 0 {
             self.first_batch_max_timestamp = None;
         }
-        Ok(())
+        self.txn_index.truncate_to(self.next_offset)
     }
 
     /// fsyncs the log file and the indexes.
     pub fn flush(&self) -> Result<()> {
         self.reader.sync_all().map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.offset_index.flush()?;
-        self.time_index.flush()
+        self.time_index.flush()?;
+        self.txn_index.flush()
+    }
+
+    /// The aborted transactions whose marker is in this segment, in marker order.
+    pub fn aborted_txns(&self) -> &[TxnIndexEntry] {
+        self.txn_index.entries()
+    }
+
+    /// Records an aborted transaction whose marker is in this segment.
+    pub fn append_aborted_txn(&mut self, entry: TxnIndexEntry) -> Result<()> {
+        self.txn_index.append(entry)
+    }
+
+    /// Creates the (possibly empty) transaction index file: cleaned segments
+    /// always have one so the swap can rename it.
+    pub fn ensure_txn_index_file(&mut self) -> Result<()> {
+        self.txn_index.ensure_file()
+    }
+
+    /// Forgets the transaction index before it is rebuilt by a replay.
+    pub fn reset_txn_index(&mut self) -> Result<()> {
+        self.txn_index.reset()
     }
 
     /// The read handle, shared with file slices.
@@ -467,7 +531,7 @@ impl Segment {
     /// Removes the segment's files: the log first, so a crash part way leaves
     /// only orphan index files, which open() removes.
     pub fn delete_files(&self) -> Result<()> {
-        for path in [&*self.log_path, self.offset_index.path(), self.time_index.path()] {
+        for path in [&*self.log_path, self.offset_index.path(), self.time_index.path(), self.txn_index.path()] {
             match std::fs::remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
