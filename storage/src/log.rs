@@ -9,6 +9,15 @@
 //! point and log start offset; it is rewritten on every flush, on
 //! `delete_records`, retention and truncation, and on open (marked unclean)
 //! and close (marked clean).
+//!
+//! Producer state (see `producer_state`): `append` validates every batch
+//! with a producer id against it (headers only, one map look-up per batch);
+//! a retried batch is answered with its original offsets (`AppendInfo::
+//! duplicate`) and writes nothing; a refused batch refuses the whole append
+//! (`StorageError::Producer`). ABORT markers of non-empty transactions go to
+//! the active segment's `.txnindex`. Snapshots `<offset>.snapshot` are
+//! written at every roll and on close; open and truncation load the newest
+//! usable one and replay batch headers from its offset.
 
 use std::collections::BTreeMap;
 use std::fs::File;
