@@ -1,0 +1,298 @@
+#!/usr/bin/env python3
+"""Strand compatibility program for aiokafka.
+
+Usage: compat.py HOST:PORT
+
+A small real asyncio application of the client: AIOKafkaAdminClient create,
+keyed produce with headers (acks=all), group consume + commit, committed
+offsets read back (consumer and admin), idempotent produce, transactions with
+a read_committed consume and consume-transform-produce with offsets sent to
+the transaction. api_version="auto". One RESULT line per capability; exits 1
+if any capability failed.
+"""
+import asyncio
+import logging
+import sys
+import time
+import uuid
+
+import aiokafka
+import aiokafka.errors as Errors
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+CLIENT = "aiokafka"
+VERSION = aiokafka.__version__
+PARTITIONS = 3
+RECORDS = 30
+TIMEOUT = 30
+
+results = []
+seen = set()
+# From the ApiVersions data aiokafka negotiated: without InitProducerId (key 22)
+# idempotent and transactional producers cannot work, a named gap.
+LACKS_INIT_PRODUCER_ID = [False]
+
+
+class LastClientError(logging.Handler):
+    """Keeps aiokafka's last logged error, to name the cause in a fail line."""
+    last = None
+
+    def emit(self, record):
+        if record.levelno >= logging.ERROR:
+            LastClientError.last = record.getMessage()
+
+
+logging.basicConfig(level=logging.ERROR)
+logging.getLogger("aiokafka").addHandler(LastClientError())
+
+
+def result(cap, status, detail):
+    if status == "fail" and LastClientError.last:
+        detail = "%s; last aiokafka error: %s" % (detail, LastClientError.last)
+    detail = " ".join(str(detail).split())[:300]
+    results.append(status)
+    seen.add(cap)
+    print("RESULT client=%s version=%s capability=%s status=%s detail=%s"
+          % (CLIENT, VERSION, cap, status, detail), flush=True)
+
+
+def describe(e):
+    return "%s: %s" % (type(e).__name__, e)
+
+
+def is_unsupported(e):
+    return LACKS_INIT_PRODUCER_ID[0] or isinstance(e, (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion,
+                                                       Errors.UnsupportedForMessageFormatError))
+
+
+def expected_records(tag):
+    return [(("key-%d" % (i % 10)).encode(), ("%s-value-%d" % (tag, i)).encode(),
+             [("seq", str(i).encode()), ("client", CLIENT.encode())]) for i in range(RECORDS)]
+
+
+def check_records(got, records):
+    """count, keys, values, headers and per-partition order."""
+    if len(got) != len(records):
+        return "expected %d records, got %d" % (len(records), len(got))
+    want = {v: (k, h) for k, v, h in records}
+    order = {v: i for i, (_, v, _) in enumerate(records)}
+    last = {}
+    for m in got:
+        v = m.value
+        if v not in want:
+            return "unexpected value %r" % v
+        k, h = want.pop(v)
+        if m.key != k:
+            return "key %r != %r for %r" % (m.key, k, v)
+        if [(a, bytes(b)) for a, b in (m.headers or [])] != h:
+            return "headers %r != %r for %r" % (m.headers, h, v)
+        p = m.partition
+        if p in last and not (order[v] > last[p][0] and m.offset > last[p][1]):
+            return "partition %d out of order at offset %d" % (p, m.offset)
+        last[p] = (order[v], m.offset)
+    return None
+
+
+async def consume(consumer, n, prefix, timeout=TIMEOUT):
+    out = []
+    deadline = time.time() + timeout
+    while len(out) < n and time.time() < deadline:
+        batches = await consumer.getmany(timeout_ms=500)
+        for _tp, msgs in batches.items():
+            out.extend(m for m in msgs if m.value.startswith(prefix))
+    return out
+
+
+async def end_offsets(bootstrap, topic):
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, request_timeout_ms=15000)
+    await c.start()
+    try:
+        ends = await asyncio.wait_for(c.end_offsets([TopicPartition(topic, p) for p in range(PARTITIONS)]), 20)
+    finally:
+        await c.stop()
+    return {tp.partition: o for tp, o in ends.items()}
+
+
+async def main():
+    bootstrap = sys.argv[1]
+    run = uuid.uuid4().hex[:10]
+    topic = "compat-aio-%s" % run
+    group = "compat-aio-group-%s" % run
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        await admin.start()
+        versions = {}
+        for broker in admin._client.cluster.brokers():
+            conn = await admin._client._get_conn(broker.nodeId)
+            versions.update(getattr(conn, "_versions", {}) or {})
+        LACKS_INIT_PRODUCER_ID[0] = bool(versions) and 22 not in versions
+        resp = await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
+        errs = [t for t in getattr(resp, "topic_errors", getattr(resp, "topics", [])) if t[1] != 0]
+        md = await admin.describe_topics([topic])
+        parts = md[0]["partitions"]
+        if errs or len(parts) != PARTITIONS:
+            result("admin", "fail", "create errors %s, %d partitions after create" % (errs, len(parts)))
+        else:
+            result("admin", "pass", "create_topics %d partitions, describe_topics agrees; api_version auto=%s"
+                   % (PARTITIONS, getattr(admin._client, "api_version", "auto")))
+    except Exception as e:  # noqa: BLE001
+        result("admin", "fail", "AIOKafkaAdminClient: %s" % describe(e))
+
+    records = expected_records("plain")
+    produced = False
+    try:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=False, linger_ms=5)
+        await p.start()
+        try:
+            futs = [await p.send(topic, key=k, value=v, headers=h) for k, v, h in records]
+            await asyncio.wait_for(asyncio.gather(*futs), TIMEOUT)
+        finally:
+            await p.stop()
+        produced = True
+        result("produce", "pass", "%d keyed records with headers, acks=all" % RECORDS)
+    except Exception as e:  # noqa: BLE001
+        result("produce", "fail", "send: %s" % describe(e))
+
+    if not produced:
+        result("consume-group", "fail", "nothing produced")
+        result("committed-offsets", "fail", "nothing produced")
+    else:
+        try:
+            c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
+                                 auto_offset_reset="earliest", enable_auto_commit=False)
+            await c.start()
+            try:
+                got = await consume(c, RECORDS, b"plain-")
+                err = check_records(got, records)
+                if not err:
+                    await c.commit()
+                committed = {p: await c.committed(TopicPartition(topic, p)) for p in range(PARTITIONS)}
+            finally:
+                await c.stop()
+            if err:
+                result("consume-group", "fail", err)
+                result("committed-offsets", "fail", "not reached: consume failed")
+            else:
+                result("consume-group", "pass", "subscribe, %d records checked, commit" % RECORDS)
+                ends = await end_offsets(bootstrap, topic)
+                via_admin = {tp.partition: om.offset for tp, om in
+                             (await admin.list_consumer_group_offsets(group)).items() if tp.topic == topic}
+                if committed != ends:
+                    result("committed-offsets", "fail", "consumer.committed %s != end offsets %s" % (committed, ends))
+                elif via_admin != ends:
+                    result("committed-offsets", "fail", "admin list_consumer_group_offsets %s != end offsets %s" % (via_admin, ends))
+                else:
+                    result("committed-offsets", "pass", "committed() and admin OffsetFetch return end offsets %s" % ends)
+        except Exception as e:  # noqa: BLE001
+            if "consume-group" not in seen:
+                result("consume-group", "fail", "consume/commit: %s" % describe(e))
+            result("committed-offsets", "fail", "%s (ListOffsets for the end offsets)" % describe(e)
+                   if "offsets by times" in str(e) or isinstance(e, asyncio.TimeoutError) else describe(e))
+
+    # idempotent
+    try:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+        await p.start()
+        recs = expected_records("idem")
+        try:
+            futs = [await p.send(topic, key=k, value=v, headers=h) for k, v, h in recs]
+            await asyncio.wait_for(asyncio.gather(*futs), TIMEOUT)
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest")
+        await c.start()
+        try:
+            got = await consume(c, RECORDS, b"idem-")
+        finally:
+            await c.stop()
+        err = check_records(got, recs)
+        result("idempotent", "fail" if err else "pass", err or "enable_idempotence=True, %d records checked" % RECORDS)
+    except Exception as e:  # noqa: BLE001
+        if is_unsupported(e):
+            result("idempotent", "gap", "broker lacks InitProducerId (idempotent producer): %s" % describe(e))
+        else:
+            result("idempotent", "fail", "idempotent produce: %s" % describe(e))
+
+    # transactions
+    try:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="compat-aio-tx-%s" % run)
+        await asyncio.wait_for(p.start(), TIMEOUT)
+        aborted, txn = expected_records("aborted"), expected_records("txn")
+        try:
+            await p.begin_transaction()
+            for k, v, h in aborted:
+                await p.send(topic, key=k, value=v, headers=h)
+            await p.abort_transaction()
+            async with p.transaction():
+                for k, v, h in txn:
+                    await p.send(topic, key=k, value=v, headers=h)
+        finally:
+            await p.stop()
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             isolation_level="read_committed")
+        await c.start()
+        try:
+            got = await consume(c, 10 ** 6, b"", timeout=8)
+        finally:
+            await c.stop()
+        if any(m.value.startswith(b"aborted-") for m in got):
+            result("transactions", "fail", "read_committed consumer saw aborted records")
+        else:
+            err = check_records([m for m in got if m.value.startswith(b"txn-")], txn)
+            result("transactions", "fail" if err else "pass",
+                   err or "abort + commit, read_committed sees only the %d committed records" % RECORDS)
+    except Exception as e:  # noqa: BLE001
+        if is_unsupported(e):
+            result("transactions", "gap", "broker lacks InitProducerId/AddPartitionsToTxn/EndTxn (transactions): %s" % describe(e))
+        else:
+            result("transactions", "fail", "transactional produce: %s" % describe(e))
+
+    # consume-transform-produce
+    try:
+        out_topic = topic + "-out"
+        ctp_group = group + "-ctp"
+        await admin.create_topics([NewTopic(out_topic, PARTITIONS, 1)])
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id="compat-aio-ctp-%s" % run)
+        await asyncio.wait_for(p.start(), TIMEOUT)
+        c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=ctp_group, auto_offset_reset="earliest",
+                             enable_auto_commit=False, isolation_level="read_committed")
+        await c.start()
+        try:
+            got = await consume(c, RECORDS, b"plain-")
+            async with p.transaction():
+                for m in got:
+                    await p.send(out_topic, key=m.key, value=m.value.upper(), headers=m.headers)
+                offsets = {tp: await c.position(tp) for tp in c.assignment()}
+                await p.send_offsets_to_transaction(offsets, ctp_group)
+            committed = {tp.partition: await c.committed(tp) for tp in c.assignment()}
+        finally:
+            await c.stop()
+            await p.stop()
+        c2 = AIOKafkaConsumer(out_topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                              isolation_level="read_committed")
+        await c2.start()
+        try:
+            out = await consume(c2, RECORDS, b"PLAIN-")
+        finally:
+            await c2.stop()
+        err = check_records(out, [(k, v.upper(), h) for k, v, h in records])
+        ends = await end_offsets(bootstrap, topic)
+        if not err and committed != ends:
+            err = "offsets sent to the transaction %s != end offsets %s" % (committed, ends)
+        result("consume-transform-produce", "fail" if err else "pass",
+               err or "%d records transformed in one transaction, offsets committed with it" % RECORDS)
+    except Exception as e:  # noqa: BLE001
+        if is_unsupported(e):
+            result("consume-transform-produce", "gap",
+                   "broker lacks InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions): %s" % describe(e))
+        else:
+            result("consume-transform-produce", "fail", "consume-transform-produce: %s" % describe(e))
+
+    await admin.close()
+    return 1 if "fail" in results else 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
