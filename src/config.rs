@@ -81,6 +81,8 @@ pub struct BrokerConfig {
     pub fetch_session_cache_slots: usize,
     /// Upper bound on a fetch response, whatever the client asks (`fetch.max.bytes`).
     pub fetch_max_bytes: usize,
+    /// `producer.id.expiration.ms`: idle producers' state is dropped after this.
+    pub producer_id_expiration_ms: i64,
     /// Consumer group coordinator settings.
     pub group: GroupSettings,
     /// Log cleaner (compaction) settings.
@@ -175,6 +177,7 @@ impl Default for BrokerConfig {
             num_io_threads: 0,
             fetch_session_cache_slots: 1000,
             fetch_max_bytes: 57_671_680,
+            producer_id_expiration_ms: 86_400_000,
             group: GroupSettings::default(),
             cleaner: CleanerSettings::default(),
             explicit_keys: BTreeMap::new(),
@@ -367,6 +370,9 @@ impl BrokerConfig {
                 }
                 "group.max.count" => {
                     config.group.max_count = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "producer.id.expiration.ms" => {
+                    config.producer_id_expiration_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?
                 }
                 "log.cleaner.enable" => config.cleaner.enable = parse_bool(value).map_err(invalid)?,
                 "log.cleaner.backoff.ms" => {

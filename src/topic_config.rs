@@ -283,6 +283,7 @@ pub fn effective(
                 .map(|r| (r * 1000.0).round() as u32)
                 .unwrap_or(broker.cleaner.min_cleanable_ratio_per_mille),
             min_compaction_lag_ms: int("min.compaction.lag.ms", 0),
+            producer_id_expiration_ms: broker.producer_id_expiration_ms,
         },
         min_insync_replicas: int("min.insync.replicas", 1) as i32,
         cleanup_policy: get("cleanup.policy"),

@@ -18,6 +18,8 @@
 
 mod common;
 
+use common::child::ChildBroker;
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -28,126 +30,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
-
-/// A `strand` child process and its data directory.
-struct ChildBroker {
-    dir: PathBuf,
-    child: Option<Child>,
-    port: u16,
-    starts: usize,
-}
-
-impl ChildBroker {
-    fn new(dir: &Path) -> ChildBroker {
-        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0 }
-    }
-
-    fn log_dir(&self) -> PathBuf {
-        self.dir.join("data")
-    }
-
-    fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
-        self.log_dir().join(format!("{topic}-{partition}"))
-    }
-
-    fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn stderr_path(&self) -> PathBuf {
-        self.dir.join(format!("stderr-{}.log", self.starts))
-    }
-
-    /// The stderr of the latest start.
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
-    }
-
-    /// Spawns the binary on a fresh free port (no waiting).
-    fn spawn(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        self.port = common::free_port();
-        self.starts += 1;
-        let config = self.dir.join("server.properties");
-        std::fs::write(&config, common::properties(&self.log_dir(), self.port)).unwrap();
-        let stderr = std::fs::File::create(self.stderr_path()).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn strand");
-        self.child = Some(child);
-    }
-
-    /// Starts the broker and waits (bounded) until it accepts connections.
-    fn start(&mut self) {
-        self.spawn();
-        let addr: SocketAddr = self.bootstrap().parse().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return;
-            }
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
-                self.child = None;
-                panic!("strand exited with {status} before accepting; stderr:\n{}", self.stderr());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "strand did not accept on {addr} within 60 s; stderr:\n{}",
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Waits (bounded) for the child to exit on its own.
-    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = child.try_wait().expect("try_wait") {
-                return status;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("strand did not exit within {timeout:?}; stderr:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILL: a crash.
-    fn kill(&mut self) {
-        let mut child = self.child.take().expect("running");
-        child.kill().expect("SIGKILL");
-        child.wait().expect("reap");
-    }
-
-    /// SIGTERM: a clean shutdown; the broker must exit 0.
-    fn stop(&mut self) {
-        let pid = self.child.as_ref().expect("running").id() as libc::pid_t;
-        // SAFETY: plain kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM");
-        let status = self.wait_exit(Duration::from_secs(60));
-        assert!(status.success(), "clean shutdown exit status {status}; stderr:\n{}", self.stderr());
-        assert!(self.stderr().contains("strand stopped"), "stderr:\n{}", self.stderr());
-    }
-}
-
-impl Drop for ChildBroker {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// A batch as laid out in a segment file.
 #[derive(Debug, Clone, Copy)]

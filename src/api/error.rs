@@ -2,7 +2,7 @@
 
 use kafka_protocol::error::ResponseError;
 use strand_storage::batch::BatchError;
-use strand_storage::StorageError;
+use strand_storage::{ProducerError, StorageError};
 
 use crate::replica::{PartitionError, TopicError};
 
@@ -15,6 +15,7 @@ pub const NONE: i16 = 0;
 pub fn storage_code(e: &StorageError) -> i16 {
     let r = match e {
         StorageError::InvalidBatch(b) => return batch_code(b),
+        StorageError::Producer(p) => return producer_code(p),
         StorageError::BatchTooLarge { .. } => ResponseError::MessageTooLarge,
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Io { .. } => ResponseError::KafkaStorageError,
@@ -39,6 +40,17 @@ pub fn batch_code(e: &BatchError) -> i16 {
         | BatchError::UnknownCompression { .. }
         | BatchError::InvalidRecords { .. } => ResponseError::InvalidRecord.code(),
     }
+}
+
+/// Producer-state refusals: what Kafka answers for each (KIP-98, KIP-360, 2.7+).
+pub fn producer_code(e: &ProducerError) -> i16 {
+    let r = match e {
+        ProducerError::InvalidProducerEpoch { .. } => ResponseError::InvalidProducerEpoch,
+        ProducerError::OutOfOrderSequence { .. } => ResponseError::OutOfOrderSequenceNumber,
+        ProducerError::InvalidTxnState { .. } => ResponseError::InvalidTxnState,
+        ProducerError::CoordinatorFenced { .. } => ResponseError::TransactionCoordinatorFenced,
+    };
+    r.code()
 }
 
 pub fn partition_code(e: &PartitionError) -> i16 {

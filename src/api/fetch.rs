@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::select_all;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId, TopicName};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -34,6 +34,7 @@ struct PartitionResult {
     error_code: i16,
     offsets: Option<PartitionOffsets>,
     records: Vec<u8>,
+    aborted: Vec<strand_storage::AbortedTxn>,
 }
 
 pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
@@ -133,7 +134,21 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
             .with_high_watermark(offsets.high_watermark)
             .with_last_stable_offset(offsets.last_stable_offset)
             .with_log_start_offset(offsets.log_start_offset)
-            .with_aborted_transactions(if read_committed { Some(Vec::new()) } else { None })
+            .with_aborted_transactions(if read_committed {
+                Some(
+                    result
+                        .aborted
+                        .iter()
+                        .map(|a| {
+                            AbortedTransaction::default()
+                                .with_producer_id(ProducerId(a.producer_id))
+                                .with_first_offset(a.first_offset)
+                        })
+                        .collect(),
+                )
+            } else {
+                None
+            })
             .with_preferred_read_replica(BrokerId(-1))
             .with_records(Some(Bytes::from(result.records)));
         let same_topic = responses.last().is_some_and(|last| {
@@ -194,26 +209,31 @@ fn read_all(targets: &[Target], response_max_bytes: usize, read_committed: bool)
         .map(|t| {
             let partition = match &t.partition {
                 Ok(p) => p,
-                Err(code) => return PartitionResult { error_code: *code, offsets: None, records: Vec::new() },
+                Err(code) => return PartitionResult { error_code: *code, offsets: None, records: Vec::new(), aborted: Vec::new() },
             };
             let max_bytes = (t.cached.max_bytes.max(0) as usize).min(remaining);
             let min_one = total == 0;
             match partition.read(t.cached.fetch_offset, max_bytes, read_committed, min_one) {
-                Ok((info, offsets)) => {
+                Ok((info, offsets, aborted)) => {
                     let mut records = Vec::with_capacity(info.bytes);
                     for slice in &info.slices {
                         if let Err(e) = slice.read_into(&mut records) {
                             tracing::error!(topic = %t.topic_name, partition = t.key.1, error = %e, "segment read failed");
-                            return PartitionResult { error_code: error::storage_code(&e), offsets: Some(offsets), records: Vec::new() };
+                            return PartitionResult {
+                                error_code: error::storage_code(&e),
+                                offsets: Some(offsets),
+                                records: Vec::new(),
+                                aborted: Vec::new(),
+                            };
                         }
                     }
                     remaining = remaining.saturating_sub(records.len());
                     total += records.len();
-                    PartitionResult { error_code: 0, offsets: Some(offsets), records }
+                    PartitionResult { error_code: 0, offsets: Some(offsets), records, aborted }
                 }
                 Err(e) => {
                     let offsets = partition.offsets().ok();
-                    PartitionResult { error_code: error::partition_code(&e), offsets, records: Vec::new() }
+                    PartitionResult { error_code: error::partition_code(&e), offsets, records: Vec::new(), aborted: Vec::new() }
                 }
             }
         })

@@ -263,9 +263,31 @@ pub async fn offset_fetch(ctx: &RequestContext, req: OffsetFetchRequest) -> Offs
         }
         return OffsetFetchResponse::default().with_groups(groups);
     }
-    let partitions =
+    let partitions: Option<Vec<(String, Vec<i32>)>> =
         req.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.0.to_string(), t.partition_indexes.clone())).collect());
-    match coordinator.fetch_offsets(req.group_id.0.as_str(), partitions).await {
+    match coordinator.fetch_offsets(req.group_id.0.as_str(), partitions.clone()).await {
+        // v1 has no top-level error code: the error goes on every requested partition.
+        Err(code) if ctx.version < 2 => OffsetFetchResponse::default().with_topics(
+            partitions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(topic, ps)| {
+                    OffsetFetchResponseTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(topic)))
+                        .with_partitions(
+                            ps.into_iter()
+                                .map(|p| {
+                                    OffsetFetchResponsePartition::default()
+                                        .with_partition_index(p)
+                                        .with_committed_offset(-1)
+                                        .with_metadata(Some(str_bytes("")))
+                                        .with_error_code(code)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect(),
+        ),
         Err(code) => OffsetFetchResponse::default().with_error_code(code),
         Ok(offsets) => OffsetFetchResponse::default().with_error_code(0).with_topics(
             by_topic(offsets)

@@ -44,7 +44,12 @@ pub fn handle(ctx: &RequestContext, req: ListOffsetsRequest) -> ListOffsetsRespo
                             .with_error_code(0)
                             .with_timestamp(timestamp)
                             .with_offset(offset)
-                            .with_leader_epoch(if offset >= 0 { partition.leader_epoch } else { -1 }),
+                            // The field exists from v4; earlier versions must leave it at -1.
+                            .with_leader_epoch(if offset >= 0 && ctx.version >= 4 {
+                                partition.leader_epoch
+                            } else {
+                                -1
+                            }),
                         Err(e) => base.with_error_code(error::partition_code(&e)).with_timestamp(-1).with_offset(-1),
                     }
                 })

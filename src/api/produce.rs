@@ -118,18 +118,24 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
             return PartitionResult::error(index, ResponseError::InvalidRecord.code(), Some("no record batches".into()))
         }
     };
-    // Producer ids belong to idempotent and transactional producers, which need
-    // sequence tracking this broker does not do yet; refusing is honest, silently
-    // appending would break their guarantees.
+    // Control batches are written by the transaction coordinator only, and
+    // transactional batches need it too, which this broker does not have yet.
     let mut position = 0;
     while position < records.len() {
         match batch::peek_header(&records[position..], position) {
             Ok((header, total)) => {
-                if header.producer_id() >= 0 || header.is_transactional() {
+                if header.is_control() {
                     return PartitionResult::error(
                         index,
                         ResponseError::InvalidRecord.code(),
-                        Some("idempotent and transactional producers are not supported yet".into()),
+                        Some("clients may not produce control batches".into()),
+                    );
+                }
+                if header.is_transactional() {
+                    return PartitionResult::error(
+                        index,
+                        ResponseError::InvalidRecord.code(),
+                        Some("transactional producers are not supported yet".into()),
                     );
                 }
                 position += total;
@@ -165,6 +171,7 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
     // The request buffer is shared; the offsets are patched into a private copy.
     let mut owned = records.to_vec();
     match partition.append(&mut owned, now_ms()) {
+        // A retried batch already in the log: its original offsets, no error (KIP-98).
         Ok(info) => PartitionResult {
             index,
             error_code: 0,

@@ -1156,7 +1156,7 @@ fn load(partition: &Partition) -> Result<(HashMap<String, Group>, u64), String> 
     let mut records_read = 0u64;
     let mut buf = Vec::new();
     while position < offsets.high_watermark {
-        let (info, _) = partition.read(position, 4 << 20, false, true).map_err(|e| e.to_string())?;
+        let (info, _, _) = partition.read(position, 4 << 20, false, true).map_err(|e| e.to_string())?;
         if info.slices.is_empty() {
             break;
         }

@@ -9,7 +9,9 @@
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use strand_storage::{AppendInfo, CleanStats, Log, LogConfig, ReadInfo, StorageError, TimestampLookup};
+use strand_storage::{
+    AbortedTxn, AppendInfo, CleanStats, Log, LogConfig, ProducerInfo, ReadInfo, StorageError, TimestampLookup,
+};
 use tokio::sync::watch;
 
 /// A partition that has been deleted (or the broker is shutting down).
@@ -98,26 +100,34 @@ impl Partition {
         PartitionOffsets {
             log_start_offset: log.log_start_offset(),
             high_watermark: hw,
-            last_stable_offset: hw,
+            last_stable_offset: log.last_stable_offset(hw),
             log_end_offset: log.log_end_offset(),
         }
     }
 
     /// Reads whole batches from `offset`, bounded by the high watermark
-    /// (read_uncommitted) or the last stable offset (read_committed).
+    /// (read_uncommitted) or the last stable offset (read_committed, with the
+    /// aborted transactions that overlap the range, for the client to skip).
     pub fn read(
         &self,
         offset: i64,
         max_bytes: usize,
         read_committed: bool,
         min_one: bool,
-    ) -> Result<(ReadInfo, PartitionOffsets), PartitionError> {
+    ) -> Result<(ReadInfo, PartitionOffsets, Vec<AbortedTxn>), PartitionError> {
         self.with_log(|log| {
             let offsets = Self::offsets_of(log, *self.high_watermark.borrow());
             let bound = if read_committed { offsets.last_stable_offset } else { offsets.high_watermark };
             let info = log.read(offset, max_bytes, bound, min_one)?;
-            Ok((info, offsets))
+            let aborted =
+                if read_committed && info.bytes > 0 { log.aborted_transactions(offset, bound) } else { Vec::new() };
+            Ok((info, offsets, aborted))
         })
+    }
+
+    /// Producers with state on this partition (DescribeProducers).
+    pub fn producers(&self) -> Result<Vec<ProducerInfo>, PartitionError> {
+        self.with_log(|log| Ok(log.producers()))
     }
 
     pub fn subscribe(&self) -> watch::Receiver<i64> {
@@ -165,6 +175,7 @@ impl Partition {
     pub fn maintain(&self, now_ms: i64, retention: bool) -> Result<(), PartitionError> {
         self.with_log(|log| {
             log.flush_if_due(now_ms)?;
+            log.expire_producers(now_ms);
             log.flush_rolled_segments()?;
             if retention {
                 let deleted = log.enforce_retention(now_ms)?;

@@ -4,6 +4,8 @@
 //! waiting, and helpers for running the real `strand` binary as a child.
 #![allow(dead_code)]
 
+pub mod child;
+
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener as StdTcpListener, TcpStream as StdTcpStream};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,133 @@
+//! The real `strand` binary as a child process, for crash and restart tests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `strand` child process and its data directory.
+pub struct ChildBroker {
+    dir: PathBuf,
+    child: Option<Child>,
+    port: u16,
+    starts: usize,
+}
+
+impl ChildBroker {
+    pub fn new(dir: &Path) -> ChildBroker {
+        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0 }
+    }
+
+    pub fn log_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn partition_dir(&self, topic: &str, partition: i32) -> PathBuf {
+        self.log_dir().join(format!("{topic}-{partition}"))
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn stderr_path(&self) -> PathBuf {
+        self.dir.join(format!("stderr-{}.log", self.starts))
+    }
+
+    /// The stderr of the latest start.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
+    }
+
+    /// Spawns the binary on a fresh free port (no waiting).
+    pub fn spawn(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        // The same port across restarts, as clients expect of a restarted broker.
+        if self.port == 0 {
+            self.port = super::free_port();
+        }
+        self.starts += 1;
+        let config = self.dir.join("server.properties");
+        std::fs::write(&config, super::properties(&self.log_dir(), self.port)).unwrap();
+        let stderr = std::fs::File::create(self.stderr_path()).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_strand"))
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn strand");
+        self.child = Some(child);
+    }
+
+    /// Starts the broker and waits (bounded) until it accepts connections.
+    pub fn start(&mut self) {
+        self.spawn();
+        let addr: SocketAddr = self.bootstrap().parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            // The port is bound before the logs are recovered; the broker is ready
+            // once it logs that it started (and then it also accepts).
+            if self.stderr().contains("strand started")
+                && std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+            {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().expect("try_wait") {
+                self.child = None;
+                panic!("strand exited with {status} before accepting; stderr:\n{}", self.stderr());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "strand did not accept on {addr} within 60 s; stderr:\n{}",
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits (bounded) for the child to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("strand did not exit within {timeout:?}; stderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL: a crash.
+    pub fn kill(&mut self) {
+        let mut child = self.child.take().expect("running");
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+    }
+
+    /// SIGTERM: a clean shutdown; the broker must exit 0.
+    pub fn stop(&mut self) {
+        let pid = self.child.as_ref().expect("running").id() as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM");
+        let status = self.wait_exit(Duration::from_secs(60));
+        assert!(status.success(), "clean shutdown exit status {status}; stderr:\n{}", self.stderr());
+        assert!(self.stderr().contains("strand stopped"), "stderr:\n{}", self.stderr());
+    }
+}
+
+impl Drop for ChildBroker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
