@@ -194,6 +194,25 @@ async fn duplicates_gaps_and_stale_epochs_on_the_wire() {
     assert_eq!(result(&conn.call(&produce(stale), 9).await).0, 47);
     assert_eq!(common::watermarks(&broker.bootstrap(), "wire", 0).await, (0, 4), "refused batches wrote nothing");
 
+    // DescribeProducers shows the producer's current epoch and last sequence.
+    use kafka_protocol::messages::describe_producers_request::TopicRequest;
+    let described = conn
+        .call(
+            &kafka_protocol::messages::DescribeProducersRequest::default().with_topics(vec![TopicRequest::default()
+                .with_name(TopicName(StrBytes::from_static_str("wire")))
+                .with_partition_indexes(vec![0])]),
+            0,
+        )
+        .await;
+    let p = &described.topics[0].partitions[0];
+    assert_eq!(p.error_code, 0);
+    let state: Vec<(i64, i32, i32, i64)> = p
+        .active_producers
+        .iter()
+        .map(|s| (s.producer_id.0, s.producer_epoch, s.last_sequence, s.current_txn_start_offset))
+        .collect();
+    assert_eq!(state, vec![(pid, 1, 0, -1)]);
+
     // Duplicate detection survives a clean restart.
     let dir = broker.shutdown().await;
     let broker = common::start_broker_in(dir, &[]).await;

@@ -120,6 +120,7 @@ pub async fn handle(
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(group::describe_groups(&ctx, r).await),
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(group::delete_groups(&ctx, r).await),
         RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(group::offset_delete(&ctx, r).await),
+        RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(producer::describe_producers(&ctx, r)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(producer::init_producer_id(&ctx, r)),
         RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
         RequestKind::IncrementalAlterConfigs(r) => {

@@ -1,7 +1,10 @@
-//! InitProducerId for idempotent producers.
+//! InitProducerId for idempotent producers, and DescribeProducers.
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
+use kafka_protocol::messages::describe_producers_response::{PartitionResponse, ProducerState, TopicResponse};
+use kafka_protocol::messages::{
+    DescribeProducersRequest, DescribeProducersResponse, InitProducerIdRequest, InitProducerIdResponse, ProducerId,
+};
 
 use super::{error, RequestContext};
 
@@ -27,4 +30,46 @@ pub fn init_producer_id(ctx: &RequestContext, req: InitProducerIdRequest) -> Ini
                 .with_producer_epoch(-1)
         }
     }
+}
+
+/// DescribeProducers: the producer state of each requested partition.
+pub fn describe_producers(ctx: &RequestContext, req: DescribeProducersRequest) -> DescribeProducersResponse {
+    let topics = req
+        .topics
+        .into_iter()
+        .map(|t| {
+            let topic = ctx.state.replicas.topic(t.name.0.as_str());
+            let partitions = t
+                .partition_indexes
+                .into_iter()
+                .map(|index| {
+                    let base = PartitionResponse::default().with_partition_index(index);
+                    let partition =
+                        topic.as_ref().and_then(|t| usize::try_from(index).ok().and_then(|i| t.partitions.get(i)));
+                    let Some(partition) = partition else {
+                        return base.with_error_code(ResponseError::UnknownTopicOrPartition.code());
+                    };
+                    match partition.producers() {
+                        Ok(producers) => base.with_error_code(0).with_active_producers(
+                            producers
+                                .into_iter()
+                                .map(|p| {
+                                    ProducerState::default()
+                                        .with_producer_id(ProducerId(p.producer_id))
+                                        .with_producer_epoch(p.producer_epoch as i32)
+                                        .with_last_sequence(p.last_sequence)
+                                        .with_last_timestamp(p.last_timestamp)
+                                        .with_coordinator_epoch(p.coordinator_epoch)
+                                        .with_current_txn_start_offset(p.current_txn_start_offset)
+                                })
+                                .collect(),
+                        ),
+                        Err(e) => base.with_error_code(error::partition_code(&e)),
+                    }
+                })
+                .collect();
+            TopicResponse::default().with_name(t.name).with_partitions(partitions)
+        })
+        .collect();
+    DescribeProducersResponse::default().with_topics(topics)
 }

@@ -33,6 +33,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::DescribeCluster, 0, 2),
+    (ApiKey::DescribeProducers, 0, 0),
 ];
 
 /// The supported range for `key`, if it is served at all.
