@@ -8,7 +8,6 @@
 //! `cargo bench --bench group_load` (env GROUPS, PARTITIONS to change the size).
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::time::{Duration, Instant};

@@ -135,11 +135,12 @@ fn read_all(bootstrap: &str) -> Vec<(i64, String, Option<String>)> {
                 String::from_utf8(m.key().expect("every record has a key").to_vec()).unwrap(),
                 m.payload().map(|p| String::from_utf8(p.to_vec()).unwrap()),
             )),
-            Some(Err(KafkaError::PartitionEOF(_))) => {
-                if high == 0 || out.last().is_some_and(|(o, _, _)| *o + 1 >= high) {
-                    return out;
-                }
+            Some(Err(KafkaError::PartitionEOF(_)))
+                if high == 0 || out.last().is_some_and(|(o, _, _)| *o + 1 >= high) =>
+            {
+                return out;
             }
+            Some(Err(KafkaError::PartitionEOF(_))) => {}
             Some(Err(e)) => panic!("consumer error after {} records: {e}", out.len()),
         }
     }

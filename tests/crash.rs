@@ -22,9 +22,7 @@ use common::child::ChildBroker;
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

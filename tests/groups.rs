@@ -742,7 +742,7 @@ fn group_child_consumer() {
         println!("CHILD R {} {}", m.partition(), m.offset());
         pending.insert(m.partition(), m.offset() + 1);
         processed += 1;
-        if processed % 100 == 0 || processed >= park_after {
+        if processed.is_multiple_of(100) || processed >= park_after {
             let mut tpl = TopicPartitionList::new();
             for (p, o) in &pending {
                 tpl.add_partition_offset(&topic, *p, Offset::Offset(*o)).unwrap();
@@ -936,7 +936,7 @@ async fn three_members_one_dies_without_leaving() {
         );
     }
     // The dead member's partitions were processed by the survivors after the kill.
-    let seen = seen.lock().unwrap();
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
     for p in &child_parts {
         assert!(seen.contains_key(&(*p, ends[p] - 1)), "the last record of partition {p} processed by a survivor");
     }

@@ -207,10 +207,7 @@ pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> Delete
                 .into_iter()
                 .map(|p| {
                     let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
-                    let Some(partition) = topic
-                        .as_ref()
-                        .and_then(|t| usize::try_from(p.partition_index).ok().and_then(|i| t.partitions.get(i)))
-                    else {
+                    let Some(partition) = topic.as_ref().and_then(|t| t.partition(p.partition_index)) else {
                         return base
                             .with_error_code(ResponseError::UnknownTopicOrPartition.code())
                             .with_low_watermark(-1);

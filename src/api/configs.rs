@@ -257,59 +257,83 @@ fn validate_broker_value(k: &str, v: &str) -> Result<String, String> {
     topic_config::validate_topic_value(topic_key.name, v)
 }
 
+/// The resource an alter request names, with its current overrides.
+enum Target {
+    Topic(String),
+    /// The broker's dynamic configs: cluster-wide default (`""`) or this broker.
+    Broker {
+        cluster_default: bool,
+    },
+}
+
+/// Resolves the resource, computes its new override set with `next` (given
+/// the current overrides and the key validator for that kind of resource),
+/// and stores it unless `validate_only`. Shared by both alter APIs.
+fn apply_to_resource(
+    ctx: &RequestContext,
+    resource_type: i8,
+    name: &str,
+    validate_only: bool,
+    next: impl Fn(
+        &BTreeMap<String, String>,
+        &dyn Fn(&str, &str) -> Result<String, String>,
+    ) -> Result<BTreeMap<String, String>, String>,
+) -> Result<(), (i16, String)> {
+    let node = ctx.state.config().node_id.to_string();
+    let target = match resource_type {
+        RESOURCE_TOPIC => Target::Topic(name.to_string()),
+        RESOURCE_BROKER if name.is_empty() || name == node => Target::Broker { cluster_default: name.is_empty() },
+        RESOURCE_BROKER => {
+            return Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
+        }
+        other => return Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
+    };
+    let stored = |r: Result<(), TopicError>| r.map_err(|e| (error::topic_code(&e), e.to_string()));
+    match target {
+        Target::Topic(topic_name) => {
+            let topic = ctx.state.replicas.topic(&topic_name).ok_or_else(|| {
+                (ResponseError::UnknownTopicOrPartition.code(), format!("topic {topic_name} does not exist"))
+            })?;
+            let overrides = next(&topic.configs, &topic_config::validate_topic_value)
+                .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+            if validate_only {
+                return Ok(());
+            }
+            stored(ctx.state.replicas.set_topic_configs(&topic_name, overrides))
+        }
+        Target::Broker { cluster_default } => {
+            let dynamic = ctx.state.replicas.dynamic_configs();
+            let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
+            let overrides =
+                next(current, &validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+            if validate_only {
+                return Ok(());
+            }
+            stored(ctx.state.replicas.set_dynamic_broker_configs(cluster_default, overrides))
+        }
+    }
+}
+
 /// AlterConfigs (the pre-KIP-339 form): each resource's overrides are replaced
 /// by exactly the given set.
 pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse {
-    let node = ctx.state.config().node_id.to_string();
     let responses = req
         .resources
         .into_iter()
         .map(|r| {
-            let name = r.resource_name.to_string();
             let pairs: Vec<(String, Option<String>)> =
                 r.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
-            let validate_all = |validate: &dyn Fn(&str, &str) -> Result<String, String>| {
+            let replace_all = |_current: &BTreeMap<String, String>,
+                               validate: &dyn Fn(&str, &str) -> Result<String, String>| {
                 let mut out = BTreeMap::new();
                 for (k, v) in &pairs {
                     let v = v.as_deref().ok_or_else(|| format!("null value for {k}"))?;
                     out.insert(k.clone(), validate(k, v)?);
                 }
-                Ok::<_, String>(out)
+                Ok(out)
             };
-            let outcome: Result<(), (i16, String)> = match r.resource_type {
-                RESOURCE_TOPIC => (|| {
-                    if ctx.state.replicas.topic(&name).is_none() {
-                        return Err((
-                            ResponseError::UnknownTopicOrPartition.code(),
-                            format!("topic {name} does not exist"),
-                        ));
-                    }
-                    let next = validate_all(&topic_config::validate_topic_value)
-                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-                    if req.validate_only {
-                        return Ok(());
-                    }
-                    ctx.state
-                        .replicas
-                        .set_topic_configs(&name, next)
-                        .map_err(|e| (error::topic_code(&e), e.to_string()))
-                })(),
-                RESOURCE_BROKER if name.is_empty() || name == node => (|| {
-                    let next =
-                        validate_all(&validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-                    if req.validate_only {
-                        return Ok(());
-                    }
-                    ctx.state
-                        .replicas
-                        .set_dynamic_broker_configs(name.is_empty(), next)
-                        .map_err(|e| (error::topic_code(&e), e.to_string()))
-                })(),
-                RESOURCE_BROKER => {
-                    Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
-                }
-                other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
-            };
+            let outcome =
+                apply_to_resource(ctx, r.resource_type, r.resource_name.as_str(), req.validate_only, replace_all);
             let base = alter_configs_response::AlterConfigsResourceResponse::default()
                 .with_resource_type(r.resource_type)
                 .with_resource_name(r.resource_name);
@@ -323,47 +347,15 @@ pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResp
 }
 
 pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
-    let node = ctx.state.config().node_id.to_string();
     let responses = req
         .resources
         .into_iter()
         .map(|r| {
-            let name = r.resource_name.to_string();
             let is_list = |k: &str| k == "cleanup.policy" || k == "log.cleanup.policy";
-            let outcome: Result<(), (i16, String)> = match r.resource_type {
-                RESOURCE_TOPIC => (|| {
-                    let topic = ctx.state.replicas.topic(&name).ok_or_else(|| {
-                        (ResponseError::UnknownTopicOrPartition.code(), format!("topic {name} does not exist"))
-                    })?;
-                    let next = apply_ops(&topic.configs, &r.configs, topic_config::validate_topic_value, is_list)
-                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-                    if req.validate_only {
-                        return Ok(());
-                    }
-                    ctx.state
-                        .replicas
-                        .set_topic_configs(&name, next)
-                        .map_err(|e: TopicError| (error::topic_code(&e), e.to_string()))
-                })(),
-                RESOURCE_BROKER if name.is_empty() || name == node => (|| {
-                    let dynamic = ctx.state.replicas.dynamic_configs();
-                    let cluster_default = name.is_empty();
-                    let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
-                    let next = apply_ops(current, &r.configs, validate_broker_value, is_list)
-                        .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-                    if req.validate_only {
-                        return Ok(());
-                    }
-                    ctx.state
-                        .replicas
-                        .set_dynamic_broker_configs(cluster_default, next)
-                        .map_err(|e| (error::topic_code(&e), e.to_string()))
-                })(),
-                RESOURCE_BROKER => {
-                    Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
-                }
-                other => Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
+            let ops = |current: &BTreeMap<String, String>, validate: &dyn Fn(&str, &str) -> Result<String, String>| {
+                apply_ops(current, &r.configs, validate, is_list)
             };
+            let outcome = apply_to_resource(ctx, r.resource_type, r.resource_name.as_str(), req.validate_only, ops);
             let base = AlterConfigsResourceResponse::default()
                 .with_resource_type(r.resource_type)
                 .with_resource_name(r.resource_name);

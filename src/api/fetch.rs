@@ -190,10 +190,7 @@ fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, use
     let unknown = if uses_ids { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }.code();
     let partition = match topic {
         None => Err(unknown),
-        Some(t) => usize::try_from(key.1)
-            .ok()
-            .and_then(|i| t.partitions.get(i).cloned())
-            .ok_or(ResponseError::UnknownTopicOrPartition.code()),
+        Some(t) => t.partition(key.1).cloned().ok_or(ResponseError::UnknownTopicOrPartition.code()),
     };
     Target { key, cached, topic_name: name, topic_id: id, partition }
 }

@@ -30,9 +30,7 @@ pub fn handle(ctx: &RequestContext, req: ListOffsetsRequest) -> ListOffsetsRespo
                 .into_iter()
                 .map(|p| {
                     let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
-                    let partition = topic
-                        .as_ref()
-                        .and_then(|t| usize::try_from(p.partition_index).ok().and_then(|i| t.partitions.get(i)));
+                    let partition = topic.as_ref().and_then(|t| t.partition(p.partition_index));
                     let Some(partition) = partition else {
                         return base
                             .with_error_code(ResponseError::UnknownTopicOrPartition.code())

@@ -101,7 +101,7 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
 }
 
 fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, acks: i16) -> PartitionResult {
-    let Some(partition) = usize::try_from(index).ok().and_then(|i| topic.partitions.get(i)) else {
+    let Some(partition) = topic.partition(index) else {
         return PartitionResult::error(index, ResponseError::UnknownTopicOrPartition.code(), None);
     };
     if topic.internal {

@@ -44,8 +44,7 @@ pub fn describe_producers(ctx: &RequestContext, req: DescribeProducersRequest) -
                 .into_iter()
                 .map(|index| {
                     let base = PartitionResponse::default().with_partition_index(index);
-                    let partition =
-                        topic.as_ref().and_then(|t| usize::try_from(index).ok().and_then(|i| t.partitions.get(i)));
+                    let partition = topic.as_ref().and_then(|t| t.partition(index));
                     let Some(partition) = partition else {
                         return base.with_error_code(ResponseError::UnknownTopicOrPartition.code());
                     };

@@ -29,6 +29,11 @@ use crate::config::GroupSettings;
 use crate::replica::{Partition, PartitionError, ReplicaManager};
 use crate::util::now_ms;
 
+/// Per-partition results of OffsetDelete: (topic, partition, error code).
+pub type OffsetDeleteResults = Vec<(String, i32, i16)>;
+/// Offsets to expire in one group, and whether the group goes with them.
+type Expiry = (String, Vec<(String, i32)>, bool);
+
 pub enum Command {
     Join(JoinRequest, oneshot::Sender<JoinResponse>),
     Sync(SyncRequest, oneshot::Sender<SyncResponse>),
@@ -39,7 +44,7 @@ pub enum Command {
     Describe(String, oneshot::Sender<DescribedGroup>),
     List(oneshot::Sender<Vec<ListedGroup>>),
     DeleteGroup(String, oneshot::Sender<i16>),
-    DeleteOffsets(String, Vec<(String, Vec<i32>)>, oneshot::Sender<Result<Vec<(String, i32, i16)>, i16>>),
+    DeleteOffsets(String, Vec<(String, Vec<i32>)>, oneshot::Sender<Result<OffsetDeleteResults, i16>>),
 }
 
 fn code(e: ResponseError) -> i16 {
@@ -1007,7 +1012,7 @@ impl Shard {
         let now = now_ms();
         let retention = self.settings.offsets_retention_ms;
         let mut tombstones = Vec::new();
-        let mut changes: Vec<(String, Vec<(String, i32)>, bool)> = Vec::new();
+        let mut changes: Vec<Expiry> = Vec::new();
         for group in self.groups.values() {
             if group.state != GroupState::Empty {
                 continue;

@@ -30,6 +30,13 @@ pub struct Topic {
     pub partitions: Vec<Arc<Partition>>,
 }
 
+impl Topic {
+    /// Partition `index`, if the topic has it (negative and out-of-range indexes have none).
+    pub fn partition(&self, index: i32) -> Option<&Arc<Partition>> {
+        usize::try_from(index).ok().and_then(|i| self.partitions.get(i))
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct TopicMap {
     pub by_name: HashMap<String, Arc<Topic>>,
@@ -214,7 +221,7 @@ impl ReplicaManager {
 
     pub fn partition(&self, topic: &str, index: i32) -> Option<Arc<Partition>> {
         let t = self.topic(topic)?;
-        usize::try_from(index).ok().and_then(|i| t.partitions.get(i)).cloned()
+        t.partition(index).cloned()
     }
 
     pub fn dynamic_configs(&self) -> DynamicBrokerConfigs {
