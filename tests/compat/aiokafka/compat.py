@@ -12,6 +12,7 @@ if any capability failed.
 """
 import asyncio
 import logging
+import os
 import sys
 import time
 import uuid
@@ -20,6 +21,9 @@ import aiokafka
 import aiokafka.errors as Errors
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import apiversions  # noqa: E402  (tests/compat/apiversions.py)
 
 CLIENT = "aiokafka"
 VERSION = aiokafka.__version__
@@ -30,7 +34,7 @@ TIMEOUT = 30
 results = []
 seen = set()
 # From the ApiVersions data aiokafka negotiated: without InitProducerId (key 22)
-# idempotent and transactional producers cannot work, a named gap.
+# the idempotent producer cannot work, a named gap. (Transactions: txn_failure.)
 LACKS_INIT_PRODUCER_ID = [False]
 
 
@@ -64,6 +68,25 @@ def describe(e):
 def is_unsupported(e):
     return LACKS_INIT_PRODUCER_ID[0] or isinstance(e, (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion,
                                                        Errors.UnsupportedForMessageFormatError))
+
+
+# The broker's API keys, from the ApiVersions data aiokafka negotiated (or, if it
+# has none, from tests/compat/apiversions.py); None when unknown.
+BROKER_APIS = [None]
+
+
+def txn_failure(cap, needed, what, e):
+    """A transactional path failed: a gap exactly when the broker does not
+    advertise an API the capability needs, otherwise a real failure."""
+    if BROKER_APIS[0] is None:
+        result(cap, "fail", "%s: %s (broker ApiVersions unknown)" % (what, describe(e)))
+        return
+    lacking = apiversions.missing(BROKER_APIS[0], needed)
+    if lacking:
+        result(cap, "gap", "broker lacks %s (transactions, not in ApiVersions): %s: %s"
+               % (", ".join(lacking), what, describe(e)))
+    else:
+        result(cap, "fail", "%s: %s" % (what, describe(e)))
 
 
 def expected_records(tag):
@@ -128,6 +151,8 @@ async def main():
             conn = await admin._client._get_conn(broker.nodeId)
             versions.update(getattr(conn, "_versions", {}) or {})
         LACKS_INIT_PRODUCER_ID[0] = bool(versions) and 22 not in versions
+        if versions:
+            BROKER_APIS[0] = set(versions)
         resp = await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
         errs = [t for t in getattr(resp, "topic_errors", getattr(resp, "topics", [])) if t[1] != 0]
         md = await admin.describe_topics([topic])
@@ -139,6 +164,11 @@ async def main():
                    % (PARTITIONS, getattr(admin._client, "api_version", "auto")))
     except Exception as e:  # noqa: BLE001
         result("admin", "fail", "AIOKafkaAdminClient: %s" % describe(e))
+    if BROKER_APIS[0] is None:
+        try:
+            BROKER_APIS[0] = set(apiversions.api_versions(bootstrap))
+        except Exception as e:  # noqa: BLE001
+            print("ApiVersions probe failed: %s" % e, file=sys.stderr)
 
     records = expected_records("plain")
     produced = False
@@ -244,10 +274,7 @@ async def main():
             result("transactions", "fail" if err else "pass",
                    err or "abort + commit, read_committed sees only the %d committed records" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("transactions", "gap", "broker lacks InitProducerId/AddPartitionsToTxn/EndTxn (transactions): %s" % describe(e))
-        else:
-            result("transactions", "fail", "transactional produce: %s" % describe(e))
+        txn_failure("transactions", apiversions.TRANSACTIONS, "transactional produce", e)
 
     # consume-transform-produce
     try:
@@ -284,11 +311,7 @@ async def main():
         result("consume-transform-produce", "fail" if err else "pass",
                err or "%d records transformed in one transaction, offsets committed with it" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("consume-transform-produce", "gap",
-                   "broker lacks InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions): %s" % describe(e))
-        else:
-            result("consume-transform-produce", "fail", "consume-transform-produce: %s" % describe(e))
+        txn_failure("consume-transform-produce", apiversions.CONSUME_TRANSFORM_PRODUCE, "consume-transform-produce", e)
 
     await admin.close()
     return 1 if "fail" in results else 0

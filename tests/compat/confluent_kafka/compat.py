@@ -9,6 +9,7 @@ idempotent produce, transactions (read_committed) and consume-transform-produce
 with offsets sent to the transaction. One RESULT line per capability; exits 1
 if any capability failed.
 """
+import os
 import sys
 import time
 import uuid
@@ -17,6 +18,9 @@ import confluent_kafka
 from confluent_kafka import (Consumer, KafkaError, KafkaException, Producer,
                              TopicPartition)
 from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import apiversions  # noqa: E402  (tests/compat/apiversions.py)
 
 CLIENT = "confluent-kafka"
 VERSION = "%s/librdkafka-%s" % (confluent_kafka.__version__, confluent_kafka.libversion()[0])
@@ -51,6 +55,24 @@ def is_unsupported(err):
             return True
         return "not supported by broker" in err.str().lower()
     return False
+
+
+# The broker's ApiVersions (librdkafka keeps its own private), asked once with
+# tests/compat/apiversions.py: None when it could not be asked.
+BROKER_APIS = [None]
+
+
+def txn_failure(cap, needed, what, e):
+    """A transactional path failed: a gap exactly when the broker does not
+    advertise an API the capability needs, otherwise a real failure."""
+    if BROKER_APIS[0] is None:
+        result(cap, "fail", "%s: %s (broker ApiVersions unknown)" % (what, e))
+        return
+    lacking = apiversions.missing(BROKER_APIS[0], needed)
+    if lacking:
+        result(cap, "gap", "broker lacks %s (transactions, not in ApiVersions): %s: %s" % (", ".join(lacking), what, e))
+    else:
+        result(cap, "fail", "%s: %s" % (what, e))
 
 
 def expected_records(tag):
@@ -129,6 +151,10 @@ def main():
     topic = "compat-ck-%s" % run
     group = "compat-ck-group-%s" % run
     admin = AdminClient({"bootstrap.servers": bootstrap})
+    try:
+        BROKER_APIS[0] = apiversions.api_versions(bootstrap)
+    except Exception as e:  # noqa: BLE001
+        print("ApiVersions probe failed: %s" % e, file=sys.stderr)
 
     # admin
     admin_ok = False
@@ -250,10 +276,7 @@ def main():
             result("transactions", "fail" if err else "pass",
                    err or "abort + commit, read_committed sees only the %d committed records" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("transactions", "gap", "broker lacks InitProducerId/AddPartitionsToTxn/EndTxn (transactions): %s" % e)
-        else:
-            result("transactions", "fail", "transactional produce: %s" % e)
+        txn_failure("transactions", apiversions.TRANSACTIONS, "transactional produce", e)
 
     # consume-transform-produce
     try:
@@ -286,11 +309,7 @@ def main():
         result("consume-transform-produce", "fail" if err else "pass",
                err or "%d records transformed in one transaction, offsets committed with it" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("consume-transform-produce", "gap",
-                   "broker lacks InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions): %s" % e)
-        else:
-            result("consume-transform-produce", "fail", "consume-transform-produce: %s" % e)
+        txn_failure("consume-transform-produce", apiversions.CONSUME_TRANSFORM_PRODUCE, "consume-transform-produce", e)
 
     return 1 if "fail" in results else 0
 

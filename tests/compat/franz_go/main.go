@@ -143,9 +143,40 @@ func consume(cl interface {
 }
 
 // lacksInitProducerID: the broker's ApiVersions (asked through kadm) does not
-// list InitProducerId (key 22), so idempotent and transactional producers
-// cannot work; a failure of those paths is then a named gap, not a bug.
+// list InitProducerId (key 22), so the idempotent producer cannot work; a
+// failure of that path is then a named gap, not a bug.
 var lacksInitProducerID = false
+
+// brokerAPIs: the API keys every broker advertises in ApiVersions (through
+// kadm); nil when they could not be asked.
+var brokerAPIs map[int16]bool
+
+// Transactional APIs each capability needs, with their names.
+var (
+	apiNames = map[int16]string{24: "AddPartitionsToTxn", 25: "AddOffsetsToTxn", 26: "EndTxn", 28: "TxnOffsetCommit"}
+	txnAPIs  = []int16{24, 26}
+	ctpAPIs  = []int16{24, 25, 26, 28}
+)
+
+// txnFailure reports a failed transactional path: a gap exactly when the
+// broker does not advertise an API the capability needs, else a failure.
+func txnFailure(capability string, needed []int16, what string, err error) {
+	if brokerAPIs == nil {
+		result(capability, "fail", what+": "+err.Error()+" (broker ApiVersions unknown)")
+		return
+	}
+	var lacking []string
+	for _, k := range needed {
+		if !brokerAPIs[k] {
+			lacking = append(lacking, fmt.Sprintf("%s(%d)", apiNames[k], k))
+		}
+	}
+	if len(lacking) > 0 {
+		result(capability, "gap", "broker lacks "+strings.Join(lacking, ", ")+" (transactions, not in ApiVersions): "+what+": "+err.Error())
+	} else {
+		result(capability, "fail", what+": "+err.Error())
+	}
+}
 
 // unsupported: franz-go's errors when the broker does not serve an API.
 func unsupported(err error) bool {
@@ -240,11 +271,25 @@ func main() {
 		if err != nil {
 			return
 		}
+		apis := map[int16]bool{}
+		first, answered := true, true
 		vs.Each(func(v kadm.BrokerApiVersions) {
+			if v.Err != nil {
+				answered = false
+				return
+			}
 			if _, ok := v.KeyMaxVersion(22); !ok {
 				lacksInitProducerID = true
 			}
+			for k := range apiNames {
+				_, has := v.KeyMaxVersion(k)
+				apis[k] = has && (first || apis[k])
+			}
+			first = false
 		})
+		if answered && !first {
+			brokerAPIs = apis
+		}
 	}()
 
 	// admin
@@ -394,13 +439,7 @@ func main() {
 		defer cl.Close()
 		c, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		fail := func(what string, err error) {
-			if unsupported(err) {
-				result("transactions", "gap", "broker lacks InitProducerId/AddPartitionsToTxn/EndTxn (transactions): "+what+": "+err.Error())
-			} else {
-				result("transactions", "fail", what+": "+err.Error())
-			}
-		}
+		fail := func(what string, err error) { txnFailure("transactions", txnAPIs, what, err) }
 		for _, step := range []struct {
 			tag    string
 			commit kgo.TransactionEndTry
@@ -445,13 +484,7 @@ func main() {
 	func() {
 		outTopic := topic + "-out"
 		ctpGroup := group + "-ctp"
-		fail := func(what string, err error) {
-			if unsupported(err) {
-				result("consume-transform-produce", "gap", "broker lacks InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions): "+what+": "+err.Error())
-			} else {
-				result("consume-transform-produce", "fail", what+": "+err.Error())
-			}
-		}
+		fail := func(what string, err error) { txnFailure("consume-transform-produce", ctpAPIs, what, err) }
 		c, cancel := context.WithTimeout(ctx, 60*time.Second)
 		defer cancel()
 		if _, err := adm.CreateTopic(c, partitions, 1, nil, outTopic); err != nil {

@@ -10,6 +10,7 @@ read_committed consume and consume-transform-produce with offsets sent to the
 transaction. api_version is left to auto-detection (ApiVersions). One RESULT
 line per capability; exits 1 if any capability failed.
 """
+import os
 import sys
 import time
 import uuid
@@ -19,6 +20,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.structs import OffsetAndMetadata
 import kafka.errors as Errors
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import apiversions  # noqa: E402  (tests/compat/apiversions.py)
 
 CLIENT = "kafka-python"
 VERSION = kafka.__version__
@@ -43,9 +47,8 @@ def describe(e):
 
 
 # Set from the ApiVersions data kafka-python negotiated: when the broker does not
-# list InitProducerId (key 22), idempotent and transactional producers cannot
-# work, and their failure is a named gap (kafka-python goes to
-# FindCoordinator(TRANSACTION) first and reports its error instead).
+# list InitProducerId (key 22), the idempotent producer cannot work, and its
+# failure is a named gap. (Transactions: see txn_failure.)
 LACKS_INIT_PRODUCER_ID = [False]
 
 
@@ -53,6 +56,25 @@ def is_unsupported(e):
     """kafka-python's way of saying the broker lacks an API."""
     return LACKS_INIT_PRODUCER_ID[0] or isinstance(e, (Errors.UnsupportedVersionError, Errors.IncompatibleBrokerVersion,
                           Errors.UnsupportedForMessageFormatError)) or "not supported" in str(e).lower()
+
+
+# The broker's API keys, from the ApiVersions data kafka-python negotiated (or, if it
+# has none, from tests/compat/apiversions.py); None when unknown.
+BROKER_APIS = [None]
+
+
+def txn_failure(cap, needed, what, e):
+    """A transactional path failed: a gap exactly when the broker does not
+    advertise an API the capability needs, otherwise a real failure."""
+    if BROKER_APIS[0] is None:
+        result(cap, "fail", "%s: %s (broker ApiVersions unknown)" % (what, describe(e)))
+        return
+    lacking = apiversions.missing(BROKER_APIS[0], needed)
+    if lacking:
+        result(cap, "gap", "broker lacks %s (transactions, not in ApiVersions): %s: %s"
+               % (", ".join(lacking), what, describe(e)))
+    else:
+        result(cap, "fail", "%s: %s" % (what, describe(e)))
 
 
 def expected_records(tag):
@@ -119,6 +141,8 @@ def main():
         detected = admin._manager.broker_version
         versions = admin._manager.broker_version_data.api_versions or {}
         LACKS_INIT_PRODUCER_ID[0] = 22 not in versions  # InitProducerId
+        if versions:
+            BROKER_APIS[0] = set(versions)
         admin.create_topics([NewTopic(topic, PARTITIONS, 1)], timeout_ms=TIMEOUT * 1000)
         parts = admin.describe_topics([topic])[0]["partitions"]
         if len(parts) != PARTITIONS:
@@ -128,6 +152,12 @@ def main():
                    % (PARTITIONS, ".".join(map(str, detected))))
     except Exception as e:  # noqa: BLE001
         result("admin", "fail", "KafkaAdminClient: %s" % describe(e))
+
+    if BROKER_APIS[0] is None:
+        try:
+            BROKER_APIS[0] = set(apiversions.api_versions(bootstrap))
+        except Exception as e:  # noqa: BLE001
+            print("ApiVersions probe failed: %s" % e, file=sys.stderr)
 
     # produce (idempotence off: tested on its own below)
     records = expected_records("plain")
@@ -218,10 +248,7 @@ def main():
             result("transactions", "fail" if err else "pass",
                    err or "abort + commit, read_committed sees only the %d committed records" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("transactions", "gap", "broker lacks InitProducerId/AddPartitionsToTxn/EndTxn (transactions): %s" % describe(e))
-        else:
-            result("transactions", "fail", "transactional produce: %s" % describe(e))
+        txn_failure("transactions", apiversions.TRANSACTIONS, "transactional produce", e)
 
     # consume-transform-produce
     try:
@@ -254,11 +281,7 @@ def main():
         result("consume-transform-produce", "fail" if err else "pass",
                err or "%d records transformed in one transaction, offsets committed with it" % RECORDS)
     except Exception as e:  # noqa: BLE001
-        if is_unsupported(e):
-            result("consume-transform-produce", "gap",
-                   "broker lacks InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions): %s" % describe(e))
-        else:
-            result("consume-transform-produce", "fail", "consume-transform-produce: %s" % describe(e))
+        txn_failure("consume-transform-produce", apiversions.CONSUME_TRANSFORM_PRODUCE, "consume-transform-produce", e)
 
     if admin is not None:
         admin.close()

@@ -36,9 +36,10 @@ function result (capability, status, detail) {
 
 const describe = (e) => `${e.name || 'Error'}: ${e.message}${e.type ? ` (${e.type})` : ''}`
 
-// Does the broker advertise InitProducerId (key 22)? kafkajs keeps its
-// ApiVersions private, so ask with one ApiVersions v0 request. Without it,
-// idempotent and transactional producers cannot work: a named gap.
+// Which API keys does the broker advertise? kafkajs keeps its ApiVersions
+// private, so ask with one ApiVersions v0 request. Without InitProducerId (22)
+// the idempotent producer cannot work; without the transaction APIs a
+// capability needs, transactions cannot: named gaps.
 function brokerApiKeys (host, port) {
   return new Promise((resolve) => {
     const s = net.connect({ host, port })
@@ -126,6 +127,8 @@ async function consumeUntil (consumer, topic, n, prefix, timeoutMs, onBatch) {
 
 const timeout = (p, ms, what) => Promise.race([p, new Promise((_, rej) => setTimeout(() => rej(new Error(`${what}: no answer in ${ms} ms`)), ms))])
 
+const TXN_API_NAMES = { 24: 'AddPartitionsToTxn', 25: 'AddOffsetsToTxn', 26: 'EndTxn', 28: 'TxnOffsetCommit' }
+
 async function main () {
   const bootstrap = process.argv[2]
   const [host, port] = bootstrap.split(':')
@@ -138,6 +141,20 @@ async function main () {
   const gapOr = (cap, apis, what, e) => {
     if (lacksInitProducerId || e.name === 'KafkaJSNotImplemented' || /not supported|UNSUPPORTED/i.test(describe(e))) {
       result(cap, 'gap', `broker lacks ${apis}: ${what}: ${describe(e)}`)
+    } else {
+      result(cap, 'fail', `${what}: ${describe(e)}`)
+    }
+  }
+  // A transactional path failed: a gap exactly when the broker does not
+  // advertise an API the capability needs, otherwise a real failure.
+  const txnFailure = (cap, needed, what, e) => {
+    if (keys === null) {
+      result(cap, 'fail', `${what}: ${describe(e)} (broker ApiVersions unknown)`)
+      return
+    }
+    const lacking = needed.filter((k) => !keys.has(k)).map((k) => `${TXN_API_NAMES[k]}(${k})`)
+    if (lacking.length) {
+      result(cap, 'gap', `broker lacks ${lacking.join(', ')} (transactions, not in ApiVersions): ${what}: ${describe(e)}`)
     } else {
       result(cap, 'fail', `${what}: ${describe(e)}`)
     }
@@ -258,7 +275,7 @@ async function main () {
       result('transactions', err ? 'fail' : 'pass', err || `abort + commit, read_committed sees only the ${RECORDS} committed records`)
     }
   } catch (e) {
-    gapOr('transactions', 'InitProducerId/AddPartitionsToTxn/EndTxn (transactions)', 'transactional produce', e)
+    txnFailure('transactions', [24, 26], 'transactional produce', e)
   }
 
   // consume-transform-produce
@@ -301,7 +318,7 @@ async function main () {
     }
     result('consume-transform-produce', err ? 'fail' : 'pass', err || `${RECORDS} records transformed in one transaction, offsets committed with it`)
   } catch (e) {
-    gapOr('consume-transform-produce', 'InitProducerId/AddOffsetsToTxn/TxnOffsetCommit/EndTxn (transactions)', 'consume-transform-produce', e)
+    txnFailure('consume-transform-produce', [24, 25, 26, 28], 'consume-transform-produce', e)
   }
 
   await admin.disconnect()
