@@ -13,11 +13,13 @@ use crate::api::fetch_session::FetchSessionCache;
 use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
 use crate::replica::{ReplicaManager, TopicError};
+use crate::txn::TxnCoordinator;
 
 /// Shared state every connection sees.
 pub struct BrokerState {
     pub replicas: Arc<ReplicaManager>,
-    groups: GroupCoordinator,
+    groups: Arc<GroupCoordinator>,
+    txns: TxnCoordinator,
     fetch_sessions: Mutex<FetchSessionCache>,
 }
 
@@ -28,6 +30,10 @@ impl BrokerState {
 
     pub fn groups(&self) -> &GroupCoordinator {
         &self.groups
+    }
+
+    pub fn txns(&self) -> &TxnCoordinator {
+        &self.txns
     }
 
     pub fn lock_fetch_sessions(&self) -> MutexGuard<'_, FetchSessionCache> {
@@ -86,10 +92,12 @@ impl Broker {
             .map_err(|e| StartError::Listener(format!("log loading panicked: {e}")))??;
         let replicas = Arc::new(replicas);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let groups = GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?;
+        let groups = Arc::new(GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?);
+        let txns = TxnCoordinator::start(replicas.clone(), groups.clone(), config.txn.clone(), shutdown_rx.clone())?;
         let state = Arc::new(BrokerState {
             fetch_sessions: Mutex::new(FetchSessionCache::new(config.fetch_session_cache_slots)),
             groups,
+            txns,
             replicas,
         });
         let permits = Arc::new(Semaphore::new(config.max_connections));

@@ -87,6 +87,8 @@ pub struct BrokerConfig {
     pub group: GroupSettings,
     /// Log cleaner (compaction) settings.
     pub cleaner: CleanerSettings,
+    /// Transaction coordinator settings.
+    pub txn: crate::txn::TxnSettings,
     /// Where each key came from, for DescribeConfigs.
     pub explicit_keys: BTreeMap<String, String>,
 }
@@ -180,6 +182,7 @@ impl Default for BrokerConfig {
             producer_id_expiration_ms: 86_400_000,
             group: GroupSettings::default(),
             cleaner: CleanerSettings::default(),
+            txn: crate::txn::TxnSettings::default(),
             explicit_keys: BTreeMap::new(),
         }
     }
@@ -201,6 +204,7 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "offsets.topic.replication.factor",
     "transaction.state.log.replication.factor",
     "transaction.state.log.min.isr",
+    "transaction.state.log.segment.bytes",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
 ];
@@ -370,6 +374,18 @@ impl BrokerConfig {
                 }
                 "group.max.count" => {
                     config.group.max_count = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "transaction.state.log.num.partitions" => {
+                    config.txn.num_partitions = parse_int(value, 1, 10_000).map_err(invalid)? as i32
+                }
+                "transaction.max.timeout.ms" => {
+                    config.txn.max_timeout_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32
+                }
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms" => {
+                    config.txn.abort_check_interval_ms = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "transactional.id.expiration.ms" => {
+                    config.txn.id_expiration_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?
                 }
                 "producer.id.expiration.ms" => {
                     config.producer_id_expiration_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?

@@ -10,6 +10,8 @@
 //! - `strand_storage` (the `storage/` crate): segment files, indexes, recovery.
 //! - [`group`]: the group coordinator (membership, rebalances, committed
 //!   offsets in `__consumer_offsets`).
+//! - [`txn`]: the transaction coordinator (`__transaction_state`, markers,
+//!   fencing, timeouts).
 //! - [`metadata`]: the persisted topic registry and cluster identity.
 //! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
 //! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`].
@@ -23,6 +25,7 @@ pub mod metadata;
 pub mod replica;
 pub mod server;
 pub mod topic_config;
+pub mod txn;
 pub mod util;
 
 pub use broker::{Broker, BrokerHandle, StartError};

@@ -43,10 +43,10 @@ pub fn find_coordinator(ctx: &RequestContext, req: FindCoordinatorRequest) -> Fi
         match req.key_type {
             KEY_TYPE_GROUP if key.is_empty() => (ResponseError::InvalidRequest.code(), Some("empty group id".into())),
             KEY_TYPE_GROUP => (0, None),
-            KEY_TYPE_TRANSACTION => (
-                ResponseError::InvalidRequest.code(),
-                Some("this broker has no transaction coordinator yet: transactions are not supported".into()),
-            ),
+            KEY_TYPE_TRANSACTION if key.is_empty() => {
+                (ResponseError::InvalidRequest.code(), Some("empty transactional id".into()))
+            }
+            KEY_TYPE_TRANSACTION => (0, None),
             other => (ResponseError::InvalidRequest.code(), Some(format!("key type {other} is not supported"))),
         }
     };
@@ -236,7 +236,7 @@ pub async fn offset_fetch(ctx: &RequestContext, req: OffsetFetchRequest) -> Offs
                 .as_ref()
                 .map(|ts| ts.iter().map(|t| (t.name.0.to_string(), t.partition_indexes.clone())).collect());
             let group = OffsetFetchResponseGroup::default().with_group_id(g.group_id.clone());
-            groups.push(match coordinator.fetch_offsets(g.group_id.0.as_str(), partitions).await {
+            groups.push(match coordinator.fetch_offsets(g.group_id.0.as_str(), partitions, req.require_stable).await {
                 Err(code) => group.with_error_code(code),
                 Ok(offsets) => group.with_error_code(0).with_topics(
                     by_topic(offsets)
@@ -265,7 +265,10 @@ pub async fn offset_fetch(ctx: &RequestContext, req: OffsetFetchRequest) -> Offs
     }
     let partitions: Option<Vec<(String, Vec<i32>)>> =
         req.topics.as_ref().map(|ts| ts.iter().map(|t| (t.name.0.to_string(), t.partition_indexes.clone())).collect());
-    match coordinator.fetch_offsets(req.group_id.0.as_str(), partitions.clone()).await {
+    match coordinator
+        .fetch_offsets(req.group_id.0.as_str(), partitions.clone(), ctx.version >= 7 && req.require_stable)
+        .await
+    {
         // v1 has no top-level error code: the error goes on every requested partition.
         Err(code) if ctx.version < 2 => OffsetFetchResponse::default().with_topics(
             partitions

@@ -13,6 +13,7 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod txn;
 pub mod versions;
 
 use std::net::SocketAddr;
@@ -120,8 +121,16 @@ pub async fn handle(
         RequestKind::DescribeGroups(r) => ResponseKind::DescribeGroups(group::describe_groups(&ctx, r).await),
         RequestKind::DeleteGroups(r) => ResponseKind::DeleteGroups(group::delete_groups(&ctx, r).await),
         RequestKind::OffsetDelete(r) => ResponseKind::OffsetDelete(group::offset_delete(&ctx, r).await),
+        RequestKind::AddPartitionsToTxn(r) => ResponseKind::AddPartitionsToTxn(txn::add_partitions(&ctx, r).await),
+        RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(&ctx, r).await),
+        RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end_txn(&ctx, r).await),
+        RequestKind::TxnOffsetCommit(r) => ResponseKind::TxnOffsetCommit(txn::txn_offset_commit(&ctx, r).await),
+        RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list_transactions(&ctx, r).await),
+        RequestKind::DescribeTransactions(r) => {
+            ResponseKind::DescribeTransactions(txn::describe_transactions(&ctx, r).await)
+        }
         RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(producer::describe_producers(&ctx, r)),
-        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(producer::init_producer_id(&ctx, r)),
+        RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(producer::init_producer_id(&ctx, r).await),
         RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
         RequestKind::IncrementalAlterConfigs(r) => {
             ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r))

@@ -58,7 +58,7 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
             } else {
                 match &topic {
                     None => PartitionResult::error(pd.index, unknown_code, None),
-                    Some(t) => produce_partition(t, pd.index, pd.records, acks),
+                    Some(t) => produce_partition(ctx.state.txns(), t, pd.index, pd.records, acks),
                 }
             };
             if result.error_code != 0 && first_error.is_none() {
@@ -100,7 +100,13 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
     ProduceOutcome::Respond(ProduceResponse::default().with_responses(responses))
 }
 
-fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, acks: i16) -> PartitionResult {
+fn produce_partition(
+    txns: &crate::txn::TxnCoordinator,
+    topic: &Topic,
+    index: i32,
+    records: Option<bytes::Bytes>,
+    acks: i16,
+) -> PartitionResult {
     let Some(partition) = topic.partition(index) else {
         return PartitionResult::error(index, ResponseError::UnknownTopicOrPartition.code(), None);
     };
@@ -131,12 +137,28 @@ fn produce_partition(topic: &Topic, index: i32, records: Option<bytes::Bytes>, a
                         Some("clients may not produce control batches".into()),
                     );
                 }
-                if header.is_transactional() {
+                if header.producer_id() >= 0 && header.base_sequence() < 0 {
                     return PartitionResult::error(
                         index,
                         ResponseError::InvalidRecord.code(),
-                        Some("transactional producers are not supported yet".into()),
+                        Some("a batch with a producer id needs a sequence number".into()),
                     );
+                }
+                if header.is_transactional() {
+                    // KIP-890 part 1: the partition must be in the producer's open transaction.
+                    // Until the coordinator has loaded that is unknown: ask the client to retry.
+                    if !txns.all_loaded() {
+                        return PartitionResult::error(index, ResponseError::NotLeaderOrFollower.code(), None);
+                    }
+                    if let Err(code) =
+                        txns.open.verify(header.producer_id(), header.producer_epoch(), &topic.name, index)
+                    {
+                        return PartitionResult::error(
+                            index,
+                            code,
+                            Some("transactional batch for a partition not added to an open transaction".into()),
+                        );
+                    }
                 }
                 position += total;
             }

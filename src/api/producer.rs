@@ -8,13 +8,16 @@ use kafka_protocol::messages::{
 
 use super::{error, RequestContext};
 
-pub fn init_producer_id(ctx: &RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse {
-    if req.transactional_id.is_some() {
-        // Transactional producers need the transaction coordinator, which this broker does not have yet.
+pub async fn init_producer_id(ctx: &RequestContext, req: InitProducerIdRequest) -> InitProducerIdResponse {
+    if let Some(id) = &req.transactional_id {
+        // v3+ carries the producer's current id and epoch (KIP-360); earlier versions -1.
+        let (pid, epoch) = if ctx.version >= 3 { (req.producer_id.0, req.producer_epoch) } else { (-1, -1) };
+        let (error, pid, epoch) =
+            ctx.state.txns().init_producer_id(id.0.as_str(), req.transaction_timeout_ms, pid, epoch).await;
         return InitProducerIdResponse::default()
-            .with_error_code(ResponseError::InvalidRequest.code())
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1);
+            .with_error_code(error)
+            .with_producer_id(ProducerId(pid))
+            .with_producer_epoch(epoch);
     }
     // Without a transactional id every call, including a KIP-360 epoch bump
     // request carrying an old id, gets a fresh producer id at epoch 0, as in Kafka.

@@ -137,6 +137,19 @@ pub struct CommitRequest {
     pub offsets: Vec<OffsetToCommit>,
 }
 
+/// TxnOffsetCommit: offsets committed inside a producer's transaction (KIP-98,
+/// with the KIP-447 generation/member checks).
+#[derive(Debug, Clone)]
+pub struct TxnCommitRequest {
+    pub group_id: String,
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub generation: i32,
+    pub member_id: String,
+    pub group_instance_id: Option<String>,
+    pub offsets: Vec<OffsetToCommit>,
+}
+
 #[derive(Debug, Clone)]
 pub struct CommittedOffset {
     pub topic: String,
@@ -290,16 +303,47 @@ impl GroupCoordinator {
         self.ask(&group, |tx| Command::Commit(req, tx)).await.unwrap_or_else(|| vec![not_available(); n])
     }
 
-    /// Committed offsets of `group_id` for `partitions` (all when `None`).
+    /// Committed offsets of `group_id` for `partitions` (all when `None`). With
+    /// `require_stable`, partitions with offsets pending in an open transaction
+    /// get UNSTABLE_OFFSET_COMMIT (KIP-447) so the consumer waits for the outcome.
     pub async fn fetch_offsets(
         &self,
         group_id: &str,
         partitions: Option<Vec<(String, Vec<i32>)>>,
+        require_stable: bool,
     ) -> Result<Vec<CommittedOffset>, i16> {
         self.check_loaded(group_id)?;
-        self.ask(group_id, |tx| Command::FetchOffsets(group_id.to_string(), partitions, tx))
+        self.ask(group_id, |tx| Command::FetchOffsets(group_id.to_string(), partitions, require_stable, tx))
             .await
             .unwrap_or_else(|| Err(not_available()))
+    }
+
+    /// The `__consumer_offsets` partition a group's offsets live in.
+    pub fn partition_for(&self, group_id: &str) -> i32 {
+        records::partition_for(group_id, self.shards.len() as i32)
+    }
+
+    /// Writes offsets as part of producer `producer_id`'s transaction; one error per offset.
+    pub async fn txn_commit(&self, req: TxnCommitRequest) -> Vec<i16> {
+        let n = req.offsets.len();
+        if let Err(code) = self.check_loaded(&req.group_id) {
+            return vec![code; n];
+        }
+        let group = req.group_id.clone();
+        self.ask(&group, |tx| Command::TxnCommit(req, tx)).await.unwrap_or_else(|| vec![not_available(); n])
+    }
+
+    /// Writes the transaction marker to `__consumer_offsets` partition `partition`
+    /// and makes the producer's pending offsets there visible (commit) or drops them.
+    pub async fn complete_txn(&self, partition: i32, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
+        let shard = usize::try_from(partition).ok().and_then(|i| self.shards.get(i)).ok_or(not_available())?;
+        let (tx, rx) = oneshot::channel();
+        shard
+            .tx
+            .send(Command::CompleteTxn { producer_id, epoch, commit, reply: tx })
+            .await
+            .map_err(|_| not_available())?;
+        rx.await.map_err(|_| not_available())?
     }
 
     pub async fn describe(&self, group_id: &str) -> DescribedGroup {

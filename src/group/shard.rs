@@ -40,7 +40,9 @@ pub enum Command {
     Heartbeat(HeartbeatRequest, oneshot::Sender<i16>),
     Leave(LeaveRequest, oneshot::Sender<LeaveResponse>),
     Commit(CommitRequest, oneshot::Sender<Vec<i16>>),
-    FetchOffsets(String, Option<Vec<(String, Vec<i32>)>>, oneshot::Sender<Result<Vec<CommittedOffset>, i16>>),
+    FetchOffsets(String, Option<Vec<(String, Vec<i32>)>>, bool, oneshot::Sender<Result<Vec<CommittedOffset>, i16>>),
+    TxnCommit(TxnCommitRequest, oneshot::Sender<Vec<i16>>),
+    CompleteTxn { producer_id: i64, epoch: i16, commit: bool, reply: oneshot::Sender<Result<(), i16>> },
     Describe(String, oneshot::Sender<DescribedGroup>),
     List(oneshot::Sender<Vec<ListedGroup>>),
     DeleteGroup(String, oneshot::Sender<i16>),
@@ -57,6 +59,8 @@ pub struct Shard {
     settings: GroupSettings,
     loaded: Arc<AtomicBool>,
     groups: HashMap<String, Group>,
+    /// Offsets written inside open transactions, by producer id: visible on commit.
+    pending_txn: HashMap<i64, HashMap<(String, String, i32), OffsetEntry>>,
     /// Wake-ups: (when, group id). Stale entries are harmless.
     timers: BinaryHeap<Reverse<(Instant, String)>>,
 }
@@ -68,7 +72,15 @@ impl Shard {
         settings: GroupSettings,
         loaded: Arc<AtomicBool>,
     ) -> Self {
-        Shard { partition, replicas, settings, loaded, groups: HashMap::new(), timers: BinaryHeap::new() }
+        Shard {
+            partition,
+            replicas,
+            settings,
+            loaded,
+            groups: HashMap::new(),
+            pending_txn: HashMap::new(),
+            timers: BinaryHeap::new(),
+        }
     }
 
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut shutdown: watch::Receiver<bool>) {
@@ -76,7 +88,8 @@ impl Shard {
         let partition = self.partition.clone();
         let loaded = tokio::task::spawn_blocking(move || load(&partition)).await;
         match loaded {
-            Ok(Ok((groups, records))) => {
+            Ok(Ok((groups, pending_txn, records))) => {
+                self.pending_txn = pending_txn;
                 let now = Instant::now();
                 for (id, mut group) in groups {
                     // Loaded members have no live session yet: give them one to rejoin or heartbeat.
@@ -142,8 +155,23 @@ impl Shard {
             Command::Commit(req, reply) => {
                 let _ = reply.send(self.commit(req));
             }
-            Command::FetchOffsets(group, partitions, reply) => {
-                let _ = reply.send(Ok(self.fetch_offsets(&group, partitions)));
+            Command::FetchOffsets(group, partitions, require_stable, reply) => {
+                let mut offsets = self.fetch_offsets(&group, partitions);
+                if require_stable {
+                    for o in &mut offsets {
+                        let key = (group.clone(), o.topic.clone(), o.partition);
+                        if self.pending_txn.values().any(|p| p.contains_key(&key)) {
+                            o.error = code(ResponseError::UnstableOffsetCommit);
+                        }
+                    }
+                }
+                let _ = reply.send(Ok(offsets));
+            }
+            Command::TxnCommit(req, reply) => {
+                let _ = reply.send(self.txn_commit(req));
+            }
+            Command::CompleteTxn { producer_id, epoch, commit, reply } => {
+                let _ = reply.send(self.complete_txn(producer_id, epoch, commit));
             }
             Command::Describe(group, reply) => {
                 let _ = reply.send(self.describe(&group));
@@ -871,6 +899,91 @@ impl Shard {
         errors
     }
 
+    /// TxnOffsetCommit: validated like a commit (KIP-447: generation and member
+    /// when given), written as a transactional batch of the producer, visible
+    /// only when the transaction commits.
+    fn txn_commit(&mut self, req: TxnCommitRequest) -> Vec<i16> {
+        let n = req.offsets.len();
+        let gid = req.group_id.clone();
+        if gid.is_empty() {
+            return vec![code(ResponseError::InvalidGroupId); n];
+        }
+        if let Some(group) = self.groups.get(&gid) {
+            if group.state == GroupState::Dead {
+                return vec![code(ResponseError::CoordinatorNotAvailable); n];
+            }
+            let checks_member = !req.member_id.is_empty() || req.generation >= 0;
+            if checks_member {
+                if let Err(e) = Self::validate_member(group, &req.member_id, req.group_instance_id.as_ref()) {
+                    return vec![e; n];
+                }
+                if req.generation != group.generation {
+                    return vec![code(ResponseError::IllegalGeneration); n];
+                }
+            }
+        } else if !req.member_id.is_empty() || req.generation >= 0 {
+            return vec![code(ResponseError::IllegalGeneration); n];
+        }
+        let now = now_ms();
+        let topics = self.replicas.topics();
+        let mut errors = vec![0i16; n];
+        let mut entries = Vec::new();
+        let mut accepted = Vec::new();
+        for (i, o) in req.offsets.iter().enumerate() {
+            let metadata = o.metadata.clone().unwrap_or_default();
+            if metadata.len() > self.settings.offset_metadata_max_bytes {
+                errors[i] = code(ResponseError::OffsetMetadataTooLarge);
+                continue;
+            }
+            if topics.by_name.get(&o.topic).and_then(|t| t.partition(o.partition)).is_none() {
+                errors[i] = code(ResponseError::UnknownTopicOrPartition);
+                continue;
+            }
+            let key = RecordKey::Offset { group: gid.clone(), topic: o.topic.clone(), partition: o.partition };
+            let value = OffsetValue { offset: o.offset, leader_epoch: o.leader_epoch, metadata, commit_timestamp: now };
+            entries.push((records::encode_key(&key), Some(records::encode_offset_value(&value))));
+            accepted.push((i, value));
+        }
+        if entries.is_empty() {
+            return errors;
+        }
+        if let Err(e) = self.append_as(entries, Some((req.producer_id, req.producer_epoch))) {
+            for (i, _) in &accepted {
+                errors[*i] = e;
+            }
+            return errors;
+        }
+        let pending = self.pending_txn.entry(req.producer_id).or_default();
+        for (i, v) in accepted {
+            let o = &req.offsets[i];
+            pending.insert(
+                (gid.clone(), o.topic.clone(), o.partition),
+                OffsetEntry {
+                    offset: v.offset,
+                    leader_epoch: v.leader_epoch,
+                    metadata: v.metadata,
+                    commit_timestamp_ms: now,
+                },
+            );
+        }
+        errors
+    }
+
+    /// Writes the producer's COMMIT/ABORT marker to this partition and applies
+    /// or drops the offsets it committed inside the transaction.
+    fn complete_txn(&mut self, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
+        let mut marker = batch::build_control_batch(producer_id, epoch, commit, 0, now_ms());
+        if let Err(e) = self.partition.append(&mut marker, now_ms()) {
+            tracing::error!(partition = self.partition.index, error = %e, "cannot write a transaction marker");
+            return Err(crate::api::error::partition_code(&e));
+        }
+        let pending = self.pending_txn.remove(&producer_id).unwrap_or_default();
+        if commit {
+            apply_pending(&mut self.groups, pending);
+        }
+        Ok(())
+    }
+
     fn fetch_offsets(&self, gid: &str, partitions: Option<Vec<(String, Vec<i32>)>>) -> Vec<CommittedOffset> {
         let group = self.groups.get(gid);
         let entry = |topic: &str, partition: i32| {
@@ -1070,17 +1183,24 @@ impl Shard {
 
     /// Appends records (key, value or tombstone) as one uncompressed batch.
     fn append(&self, entries: Vec<(Bytes, Option<Bytes>)>) -> Result<(), i16> {
+        self.append_as(entries, None)
+    }
+
+    /// Appends one batch; with a producer (id, epoch) it is a transactional batch
+    /// of that producer, written without a sequence as coordinators write.
+    fn append_as(&self, entries: Vec<(Bytes, Option<Bytes>)>, producer: Option<(i64, i16)>) -> Result<(), i16> {
         let now = now_ms();
+        let (producer_id, producer_epoch) = producer.unwrap_or((-1, -1));
         let records: Vec<Record> = entries
             .into_iter()
             .enumerate()
             .map(|(i, (key, value))| Record {
-                transactional: false,
+                transactional: producer.is_some(),
                 control: false,
                 delete_horizon: false,
                 partition_leader_epoch: 0,
-                producer_id: -1,
-                producer_epoch: -1,
+                producer_id,
+                producer_epoch,
                 timestamp_type: TimestampType::Creation,
                 offset: i as i64,
                 sequence: -1,
@@ -1154,8 +1274,19 @@ fn group_value(group: &Group) -> Bytes {
 
 /// Rebuilds the groups of one partition by reading it from start to end.
 /// Returns the groups and how many records were read.
-fn load(partition: &Partition) -> Result<(HashMap<String, Group>, u64), String> {
+type PendingTxnOffsets = HashMap<i64, HashMap<(String, String, i32), OffsetEntry>>;
+
+/// Makes a committed transaction's offsets visible in their groups.
+fn apply_pending(groups: &mut HashMap<String, Group>, pending: HashMap<(String, String, i32), OffsetEntry>) {
+    for ((gid, topic, partition), entry) in pending {
+        let g = groups.entry(gid.clone()).or_insert_with(|| Group::new(&gid, entry.commit_timestamp_ms));
+        g.offsets.insert((topic, partition), entry);
+    }
+}
+
+fn load(partition: &Partition) -> Result<(HashMap<String, Group>, PendingTxnOffsets, u64), String> {
     let mut groups: HashMap<String, Group> = HashMap::new();
+    let mut pending: PendingTxnOffsets = HashMap::new();
     let offsets = partition.offsets().map_err(|e| e.to_string())?;
     let mut position = offsets.log_start_offset;
     let mut records_read = 0u64;
@@ -1172,6 +1303,13 @@ fn load(partition: &Partition) -> Result<(HashMap<String, Group>, u64), String> 
         for (at, header, total) in batch::iter(&buf) {
             position = header.last_offset() + 1;
             if header.is_control() {
+                // A transaction's outcome: its offsets become visible or are dropped.
+                if let Ok(Some(marker)) = batch::parse_end_txn_marker(&buf[at..at + total], at) {
+                    let done = pending.remove(&header.producer_id()).unwrap_or_default();
+                    if marker.commit {
+                        apply_pending(&mut groups, done);
+                    }
+                }
                 continue;
             }
             let mut bytes = Bytes::copy_from_slice(&buf[at..at + total]);
@@ -1179,13 +1317,32 @@ fn load(partition: &Partition) -> Result<(HashMap<String, Group>, u64), String> 
                 .map_err(|e| format!("undecodable batch at offset {}: {e}", header.base_offset()))?;
             for r in set.records {
                 records_read += 1;
+                if header.is_transactional() {
+                    // Pending until the transaction's marker (later in this log) decides.
+                    if let (Some(Ok(RecordKey::Offset { group, topic, partition })), Some(v)) =
+                        (r.key.as_deref().map(records::decode_key), r.value.as_deref())
+                    {
+                        if let Ok(v) = records::decode_offset_value(v) {
+                            pending.entry(header.producer_id()).or_default().insert(
+                                (group, topic, partition),
+                                OffsetEntry {
+                                    offset: v.offset,
+                                    leader_epoch: v.leader_epoch,
+                                    metadata: v.metadata,
+                                    commit_timestamp_ms: v.commit_timestamp,
+                                },
+                            );
+                        }
+                    }
+                    continue;
+                }
                 apply_record(&mut groups, r.key.as_deref(), r.value.as_deref());
             }
         }
     }
     // Groups whose metadata was never written but that have offsets are offsets-only groups.
     groups.retain(|_, g| g.state != GroupState::Dead);
-    Ok((groups, records_read))
+    Ok((groups, pending, records_read))
 }
 
 fn apply_record(groups: &mut HashMap<String, Group>, key: Option<&[u8]>, value: Option<&[u8]>) {

@@ -265,7 +265,12 @@ impl ProducerStateManager {
         let producer_id = b.producer_id;
         let stored = self.producers.get(&producer_id);
         let last_seq = b.last_sequence();
-        if validate {
+        // Batches written by a coordinator on a producer's behalf (transactional
+        // offset commits) carry no sequence: only the epoch is checked, as Kafka
+        // does for its coordinator-origin appends. The broker refuses such
+        // batches from clients.
+        let coordinator_write = b.base_sequence == NO_SEQUENCE;
+        if validate && !coordinator_write {
             if let (BatchKind::Data { .. }, Some(entry)) = (b.kind, stored) {
                 if let Some(original) = entry.find_duplicate(b.epoch, b.base_sequence, last_seq) {
                     return Ok(Some(original));
@@ -296,7 +301,9 @@ impl ProducerStateManager {
                     if b.epoch < entry.producer_epoch {
                         return Err(fenced_epoch(entry));
                     }
-                    if b.epoch != entry.producer_epoch {
+                    if coordinator_write {
+                        // Epoch checked above; sequences do not apply.
+                    } else if b.epoch != entry.producer_epoch {
                         if b.base_sequence != 0 && entry.producer_epoch != NO_EPOCH {
                             return Err(ProducerError::OutOfOrderSequence {
                                 producer_id,

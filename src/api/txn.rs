@@ -1,0 +1,228 @@
+//! Transaction APIs: AddPartitionsToTxn, AddOffsetsToTxn, EndTxn,
+//! TxnOffsetCommit, ListTransactions, DescribeTransactions. InitProducerId
+//! with a transactional id is routed here from `producer.rs`.
+
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState as DescribedState};
+use kafka_protocol::messages::list_transactions_response::TransactionState as ListedState;
+use kafka_protocol::messages::txn_offset_commit_response::{
+    TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+
+use super::RequestContext;
+use crate::group::{OffsetToCommit, TxnCommitRequest, OFFSETS_TOPIC};
+
+/// Groups (topic, partition, error) results by topic for the response.
+fn topic_results(results: Vec<(String, i32, i16)>) -> Vec<AddPartitionsToTxnTopicResult> {
+    let mut out: Vec<AddPartitionsToTxnTopicResult> = Vec::new();
+    for (topic, partition, error) in results {
+        let p = AddPartitionsToTxnPartitionResult::default()
+            .with_partition_index(partition)
+            .with_partition_error_code(error);
+        match out.iter_mut().find(|t| t.name.0.as_str() == topic) {
+            Some(t) => t.results_by_partition.push(p),
+            None => out.push(
+                AddPartitionsToTxnTopicResult::default()
+                    .with_name(TopicName(StrBytes::from_string(topic)))
+                    .with_results_by_partition(vec![p]),
+            ),
+        }
+    }
+    out
+}
+
+pub async fn add_partitions(ctx: &RequestContext, req: AddPartitionsToTxnRequest) -> AddPartitionsToTxnResponse {
+    let txns = ctx.state.txns();
+    let parts = |topics: &[add_partitions_to_txn_request::AddPartitionsToTxnTopic]| {
+        topics.iter().map(|t| (t.name.0.to_string(), t.partitions.clone())).collect::<Vec<_>>()
+    };
+    if ctx.version < 4 {
+        // One transaction, named at the top level (the client form).
+        let results = txns
+            .add_partitions(
+                req.v3_and_below_transactional_id.0.as_str(),
+                req.v3_and_below_producer_id.0,
+                req.v3_and_below_producer_epoch,
+                parts(&req.v3_and_below_topics),
+                false,
+            )
+            .await;
+        return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(topic_results(results));
+    }
+    // v4+: batched, possibly verify-only (the broker-to-broker form of KIP-890).
+    let mut results_by_transaction = Vec::new();
+    for t in &req.transactions {
+        let results = txns
+            .add_partitions(
+                t.transactional_id.0.as_str(),
+                t.producer_id.0,
+                t.producer_epoch,
+                parts(&t.topics),
+                t.verify_only,
+            )
+            .await;
+        results_by_transaction.push(
+            AddPartitionsToTxnResult::default()
+                .with_transactional_id(t.transactional_id.clone())
+                .with_topic_results(topic_results(results)),
+        );
+    }
+    AddPartitionsToTxnResponse::default().with_error_code(0).with_results_by_transaction(results_by_transaction)
+}
+
+pub async fn add_offsets(ctx: &RequestContext, req: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
+    // The group's offsets partition joins the transaction like any other partition.
+    let partition = ctx.state.groups().partition_for(req.group_id.0.as_str());
+    let results = ctx
+        .state
+        .txns()
+        .add_partitions(
+            req.transactional_id.0.as_str(),
+            req.producer_id.0,
+            req.producer_epoch,
+            vec![(OFFSETS_TOPIC.to_string(), vec![partition])],
+            false,
+        )
+        .await;
+    let error = results.first().map(|r| r.2).unwrap_or(0);
+    AddOffsetsToTxnResponse::default().with_error_code(error)
+}
+
+pub async fn end_txn(ctx: &RequestContext, req: EndTxnRequest) -> EndTxnResponse {
+    let error = ctx
+        .state
+        .txns()
+        .end_txn(req.transactional_id.0.as_str(), req.producer_id.0, req.producer_epoch, req.committed)
+        .await;
+    EndTxnResponse::default().with_error_code(error)
+}
+
+pub async fn txn_offset_commit(ctx: &RequestContext, req: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {
+    let mut offsets = Vec::new();
+    for t in &req.topics {
+        for p in &t.partitions {
+            offsets.push(OffsetToCommit {
+                topic: t.name.0.to_string(),
+                partition: p.partition_index,
+                offset: p.committed_offset,
+                leader_epoch: if ctx.version >= 2 { p.committed_leader_epoch } else { -1 },
+                metadata: p.committed_metadata.as_ref().map(|m| m.to_string()),
+            });
+        }
+    }
+    let groups = ctx.state.groups();
+    let partition = groups.partition_for(req.group_id.0.as_str());
+    // The group's offsets partition must have been added (AddOffsetsToTxn) first.
+    let verified = ctx.state.txns().open.verify(req.producer_id.0, req.producer_epoch, OFFSETS_TOPIC, partition);
+    let errors = match verified {
+        Err(code) => vec![code; offsets.len()],
+        Ok(()) => {
+            let (generation, member_id, instance) = if ctx.version >= 3 {
+                (req.generation_id, req.member_id.to_string(), req.group_instance_id.as_ref().map(|s| s.to_string()))
+            } else {
+                (-1, String::new(), None)
+            };
+            groups
+                .txn_commit(TxnCommitRequest {
+                    group_id: req.group_id.0.to_string(),
+                    producer_id: req.producer_id.0,
+                    producer_epoch: req.producer_epoch,
+                    generation,
+                    member_id,
+                    group_instance_id: instance,
+                    offsets,
+                })
+                .await
+        }
+    };
+    let mut errors = errors.into_iter();
+    let topics = req
+        .topics
+        .iter()
+        .map(|t| {
+            TxnOffsetCommitResponseTopic::default().with_name(t.name.clone()).with_partitions(
+                t.partitions
+                    .iter()
+                    .map(|p| {
+                        TxnOffsetCommitResponsePartition::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(errors.next().unwrap_or(0))
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    TxnOffsetCommitResponse::default().with_topics(topics)
+}
+
+pub async fn list_transactions(ctx: &RequestContext, req: ListTransactionsRequest) -> ListTransactionsResponse {
+    const KNOWN: &[&str] = &[
+        "Empty",
+        "Ongoing",
+        "PrepareCommit",
+        "PrepareAbort",
+        "CompleteCommit",
+        "CompleteAbort",
+        "Dead",
+        "PrepareEpochFence",
+    ];
+    let states: Vec<String> = req.state_filters.iter().map(|s| s.to_string()).collect();
+    let unknown: Vec<StrBytes> =
+        states.iter().filter(|s| !KNOWN.contains(&s.as_str())).map(|s| StrBytes::from_string(s.clone())).collect();
+    let pids: Vec<i64> = req.producer_id_filters.iter().map(|p| p.0).collect();
+    let now = crate::util::now_ms();
+    let (error, list) = ctx.state.txns().list().await;
+    let mut listed: Vec<ListedState> = list
+        .into_iter()
+        .filter(|t| states.is_empty() || states.contains(&t.state))
+        .filter(|t| pids.is_empty() || pids.contains(&t.producer_id))
+        // v1+: only transactions running longer than the filter (KIP-994).
+        .filter(|t| {
+            ctx.version < 1 || req.duration_filter < 0 || (t.start_ms >= 0 && now - t.start_ms >= req.duration_filter)
+        })
+        .map(|t| {
+            ListedState::default()
+                .with_transactional_id(TransactionalId(StrBytes::from_string(t.transactional_id)))
+                .with_producer_id(ProducerId(t.producer_id))
+                .with_transaction_state(StrBytes::from_string(t.state))
+        })
+        .collect();
+    listed.sort_by(|a, b| a.transactional_id.0.as_str().cmp(b.transactional_id.0.as_str()));
+    ListTransactionsResponse::default()
+        .with_error_code(error)
+        .with_unknown_state_filters(unknown)
+        .with_transaction_states(listed)
+}
+
+pub async fn describe_transactions(
+    ctx: &RequestContext,
+    req: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
+    let mut states = Vec::new();
+    for id in &req.transactional_ids {
+        let d = ctx.state.txns().describe(id.0.as_str()).await;
+        states.push(
+            DescribedState::default()
+                .with_error_code(d.error)
+                .with_transactional_id(id.clone())
+                .with_transaction_state(StrBytes::from_string(d.state))
+                .with_transaction_timeout_ms(d.timeout_ms)
+                .with_transaction_start_time_ms(d.start_ms)
+                .with_producer_id(ProducerId(d.producer_id))
+                .with_producer_epoch(d.producer_epoch)
+                .with_topics(
+                    d.partitions
+                        .into_iter()
+                        .map(|(t, ps)| {
+                            TopicData::default().with_topic(TopicName(StrBytes::from_string(t))).with_partitions(ps)
+                        })
+                        .collect(),
+                ),
+        );
+    }
+    DescribeTransactionsResponse::default().with_transaction_states(states)
+}
