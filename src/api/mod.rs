@@ -125,6 +125,7 @@ pub async fn handle(
         RequestKind::AddOffsetsToTxn(r) => ResponseKind::AddOffsetsToTxn(txn::add_offsets(&ctx, r).await),
         RequestKind::EndTxn(r) => ResponseKind::EndTxn(txn::end_txn(&ctx, r).await),
         RequestKind::TxnOffsetCommit(r) => ResponseKind::TxnOffsetCommit(txn::txn_offset_commit(&ctx, r).await),
+        RequestKind::WriteTxnMarkers(r) => ResponseKind::WriteTxnMarkers(txn::write_txn_markers(&ctx, r).await),
         RequestKind::ListTransactions(r) => ResponseKind::ListTransactions(txn::list_transactions(&ctx, r).await),
         RequestKind::DescribeTransactions(r) => {
             ResponseKind::DescribeTransactions(txn::describe_transactions(&ctx, r).await)

@@ -226,3 +226,44 @@ pub async fn describe_transactions(
     }
     DescribeTransactionsResponse::default().with_transaction_states(states)
 }
+
+/// WriteTxnMarkers: what a coordinator asks partition leaders to do. This
+/// broker's own coordinator writes its markers directly; the API serves other
+/// callers (and Kafka's tools) the same way.
+pub async fn write_txn_markers(ctx: &RequestContext, req: WriteTxnMarkersRequest) -> WriteTxnMarkersResponse {
+    use kafka_protocol::messages::write_txn_markers_response::{
+        WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
+    };
+    let mut markers = Vec::new();
+    for m in &req.markers {
+        let mut topics = Vec::new();
+        for t in &m.topics {
+            let mut partitions = Vec::new();
+            for p in &t.partition_indexes {
+                let known =
+                    ctx.state.replicas.topic(t.name.0.as_str()).is_some_and(|topic| topic.partition(*p).is_some());
+                let error = if !known {
+                    kafka_protocol::error::ResponseError::UnknownTopicOrPartition.code()
+                } else {
+                    crate::txn::write_marker(
+                        &ctx.state.replicas,
+                        ctx.state.groups(),
+                        (t.name.0.as_str(), *p),
+                        m.producer_id.0,
+                        m.producer_epoch,
+                        m.transaction_result,
+                        m.coordinator_epoch,
+                    )
+                    .await
+                    .err()
+                    .unwrap_or(0)
+                };
+                partitions
+                    .push(WritableTxnMarkerPartitionResult::default().with_partition_index(*p).with_error_code(error));
+            }
+            topics.push(WritableTxnMarkerTopicResult::default().with_name(t.name.clone()).with_partitions(partitions));
+        }
+        markers.push(WritableTxnMarkerResult::default().with_producer_id(m.producer_id).with_topics(topics));
+    }
+    WriteTxnMarkersResponse::default().with_markers(markers)
+}

@@ -104,6 +104,38 @@ pub struct ListedTxn {
     pub start_ms: i64,
 }
 
+/// Writes one COMMIT/ABORT marker for `producer_id` to `topic`/`partition`.
+/// `__consumer_offsets` partitions go through the group coordinator, which
+/// owns them and applies or drops the transaction's offsets. A partition that
+/// no longer exists has nothing to mark. Used by the coordinator's second
+/// phase and by WriteTxnMarkers.
+pub async fn write_marker(
+    replicas: &ReplicaManager,
+    groups: &GroupCoordinator,
+    marker: (&str, i32),
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+) -> Result<(), i16> {
+    let (topic, partition) = marker;
+    if topic == crate::group::OFFSETS_TOPIC {
+        return groups.complete_txn(partition, producer_id, epoch, commit).await;
+    }
+    let Some(target) = replicas.topic(topic).and_then(|t| t.partition(partition).cloned()) else {
+        return Ok(());
+    };
+    let now = crate::util::now_ms();
+    let mut batch = strand_storage::batch::build_control_batch(producer_id, epoch, commit, coordinator_epoch, now);
+    match target.append(&mut batch, now) {
+        Ok(_) | Err(crate::replica::PartitionError::Gone) => Ok(()),
+        Err(e) => {
+            tracing::error!(topic, partition, error = %e, "transaction marker failed");
+            Err(crate::api::error::partition_code(&e))
+        }
+    }
+}
+
 struct ShardHandle {
     tx: mpsc::Sender<Command>,
     loaded: Arc<AtomicBool>,

@@ -20,8 +20,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::records::{self, TxnState, TxnValue};
 use super::{DescribedTxn, ListedTxn, OpenTransactions, TxnSettings};
-use crate::group::{GroupCoordinator, OFFSETS_TOPIC};
-use crate::replica::{Partition, PartitionError, ReplicaManager};
+use crate::group::GroupCoordinator;
+use crate::replica::{Partition, ReplicaManager};
 use crate::util::now_ms;
 
 /// Markers are written at this coordinator epoch: one coordinator, never moved.
@@ -417,30 +417,21 @@ impl Shard {
     /// Second phase: markers to every partition, then the Complete state.
     async fn complete(&mut self, id: &str, commit: bool) {
         let Some(meta) = self.txns.get(id).cloned() else { return };
-        let topics = self.replicas.topics();
         let mut failed = false;
         for (topic, p) in &meta.partitions {
-            if topic == OFFSETS_TOPIC {
-                // The group coordinator owns that partition: it writes the marker and
-                // makes the transaction's offsets visible (or drops them).
-                if let Err(e) = self.groups.complete_txn(*p, meta.producer_id, meta.epoch, commit).await {
-                    tracing::error!(transactional_id = id, partition = p, error = e, "offsets marker failed");
-                    failed = true;
-                }
-                continue;
-            }
-            let Some(partition) = topics.by_name.get(topic).and_then(|t| t.partition(*p)).cloned() else {
-                // Deleted since it was added: nothing to mark.
-                continue;
-            };
-            let mut marker =
-                batch::build_control_batch(meta.producer_id, meta.epoch, commit, COORDINATOR_EPOCH, now_ms());
-            match partition.append(&mut marker, now_ms()) {
-                Ok(_) | Err(PartitionError::Gone) => {}
-                Err(e) => {
-                    tracing::error!(transactional_id = id, topic, partition = p, error = %e, "transaction marker failed");
-                    failed = true;
-                }
+            let marked = super::write_marker(
+                &self.replicas,
+                &self.groups,
+                (topic, *p),
+                meta.producer_id,
+                meta.epoch,
+                commit,
+                COORDINATOR_EPOCH,
+            )
+            .await;
+            if let Err(e) = marked {
+                tracing::error!(transactional_id = id, topic, partition = p, error = e, "transaction marker failed");
+                failed = true;
             }
         }
         if failed {
