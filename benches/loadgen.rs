@@ -9,8 +9,19 @@
 //! `--partitions` partitions if it does not exist. Prints one human line and
 //! one JSON line. MB is 10^6 bytes of record values.
 //!
+//! Producer modes (JSON field `producer_mode`): `plain` (the default,
+//! enable.idempotence=false), `idempotent` (`--idempotent`,
+//! enable.idempotence=true) and `transactional` (`--transactional-id ID`:
+//! init_transactions, then begin / send / commit, a commit as soon as
+//! `--commit-interval-ms` have passed since the transaction began; the last
+//! transaction is committed before the clock stops, and the run fails unless
+//! every record was acknowledged and every commit succeeded, so the reported
+//! rate is of committed records). Everything else (acks, linger, batch size,
+//! queue limits) is the same in all three modes.
+//!
 //! Build: `cargo build --release --features loadgen --bin strand-loadgen`.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -64,15 +75,64 @@ struct Args {
     /// Seed for the record values (values are pseudo-random, so barely compressible).
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// queue.buffering.max.kbytes: the client-side buffer. The default lets a
+    /// run enqueue everything at once; 32768 bounds it like the Java client's
+    /// buffer.memory (32 MiB), so sends wait for deliveries.
+    #[arg(long, default_value_t = 1_048_576)]
+    queue_kbytes: u64,
+    /// max.in.flight.requests.per.connection (librdkafka's default if unset;
+    /// idempotent and transactional producers allow at most 5).
+    #[arg(long)]
+    max_in_flight: Option<u32>,
+    /// Before the clock starts, produce (and for --transactional-id commit) one
+    /// warm-up record and wait for it, so connection set-up, metadata and the
+    /// producer id are not timed. Not counted in --records or the latencies.
+    #[arg(long)]
+    warmup: bool,
+    /// Extra librdkafka property for every client, like kcat's -X (repeatable), e.g. `-X debug=eos`.
+    #[arg(short = 'X', value_name = "KEY=VALUE")]
+    extra: Vec<String>,
+    /// Idempotent producer (enable.idempotence=true; needs acks=all).
+    #[arg(long, conflicts_with = "transactional_id")]
+    idempotent: bool,
+    /// Transactional producer with this transactional.id (implies idempotence):
+    /// init_transactions, then begin / send / commit every --commit-interval-ms.
+    #[arg(long)]
+    transactional_id: Option<String>,
+    /// With --transactional-id: commit once this many ms have passed since the
+    /// transaction began (the commit itself waits for every record in it).
+    #[arg(long, default_value_t = 100, requires = "transactional_id")]
+    commit_interval_ms: u64,
+    /// With --transactional-id: transaction.timeout.ms (librdkafka wants it >= message.timeout.ms, 120 s here).
+    #[arg(long, default_value_t = 120_000, requires = "transactional_id")]
+    transaction_timeout_ms: u64,
 }
 
-/// Delivery-callback latency in microseconds, plus error count.
+impl Args {
+    fn producer_mode(&self) -> &'static str {
+        if self.transactional_id.is_some() {
+            "transactional"
+        } else if self.idempotent {
+            "idempotent"
+        } else {
+            "plain"
+        }
+    }
+}
+
+/// Delivery-callback latency in microseconds, acknowledged records, plus error count.
 struct LatencyContext {
     histogram: Mutex<Histogram<u64>>,
+    delivered: AtomicU64,
     errors: Mutex<(u64, Option<String>)>,
 }
 
-impl ClientContext for LatencyContext {}
+impl ClientContext for LatencyContext {
+    /// librdkafka's log lines (errors only unless `-X log_level=7 -X debug=...`) go to stderr.
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        eprintln!("librdkafka {level:?} {fac}: {log_message}");
+    }
+}
 
 impl ProducerContext for LatencyContext {
     type DeliveryOpaque = Box<Instant>;
@@ -81,6 +141,7 @@ impl ProducerContext for LatencyContext {
         let micros = sent.elapsed().as_micros().max(1) as u64;
         match result {
             Ok(_) => {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
                 self.histogram.lock().unwrap().saturating_record(micros);
             }
             Err((e, _)) => {
@@ -95,6 +156,10 @@ impl ProducerContext for LatencyContext {
 fn base_config(args: &Args) -> ClientConfig {
     let mut c = ClientConfig::new();
     c.set("bootstrap.servers", &args.bootstrap).set("log_level", "3");
+    for kv in &args.extra {
+        let (k, v) = kv.split_once('=').unwrap_or((kv.as_str(), ""));
+        c.set(k, v);
+    }
     c
 }
 
@@ -148,23 +213,100 @@ fn payload(args: &Args) -> Vec<u8> {
 fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let context = LatencyContext {
         histogram: Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")),
+        delivered: AtomicU64::new(0),
         errors: Mutex::new((0, None)),
     };
-    let producer: ThreadedProducer<LatencyContext> = base_config(args)
+    let mut config = base_config(args);
+    config
         .set("acks", &args.acks)
         .set("compression.type", &args.compression)
         .set("linger.ms", args.linger_ms.to_string())
         .set("batch.size", args.batch_size.to_string())
-        .set("enable.idempotence", "false")
+        .set("enable.idempotence", if args.producer_mode() == "plain" { "false" } else { "true" })
         .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", "1048576")
-        .set("message.timeout.ms", "120000")
-        .create_with_context(context)
-        .map_err(|e| e.to_string())?;
+        .set("queue.buffering.max.kbytes", args.queue_kbytes.to_string())
+        .set("message.timeout.ms", "120000");
+    if let Some(n) = args.max_in_flight {
+        config.set("max.in.flight.requests.per.connection", n.to_string());
+    }
+    if let Some(id) = &args.transactional_id {
+        config.set("transactional.id", id).set("transaction.timeout.ms", args.transaction_timeout_ms.to_string());
+    }
+    let producer: ThreadedProducer<LatencyContext> = config.create_with_context(context).map_err(|e| e.to_string())?;
+    let transactional = args.transactional_id.is_some();
+    let commit_interval = Duration::from_millis(args.commit_interval_ms);
+    let txn_timeout = Duration::from_secs(300);
+    // Transaction errors say whether they are fatal, retriable or need an abort.
+    let txn_error = |what: &str, n: u64, e: KafkaError| -> String {
+        let kind = match e.rdkafka_error_code() {
+            Some(code) => format!("{code:?}"),
+            None => "no code".to_string(),
+        };
+        let flags = match &e {
+            KafkaError::Transaction(t) => {
+                format!(
+                    " (fatal={}, retriable={}, txn_requires_abort={})",
+                    t.is_fatal(),
+                    t.is_retriable(),
+                    t.txn_requires_abort()
+                )
+            }
+            _ => String::new(),
+        };
+        format!("{what} failed in transaction {n}: {e} [{kind}]{flags}")
+    };
+    if transactional {
+        // Not timed: one-off set-up (FindCoordinator + InitProducerId).
+        producer.init_transactions(Duration::from_secs(60)).map_err(|e| txn_error("init_transactions", 0, e))?;
+    }
     let value = payload(args);
+    if args.warmup {
+        let record =
+            BaseRecord::<(), [u8], Box<Instant>>::with_opaque_to(&args.topic, Box::new(Instant::now())).payload(&value);
+        if transactional {
+            producer.begin_transaction().map_err(|e| txn_error("begin_transaction", 0, e))?;
+        }
+        producer.send(record).map_err(|(e, _)| format!("warm-up send: {e}"))?;
+        if transactional {
+            producer.commit_transaction(txn_timeout).map_err(|e| txn_error("commit_transaction (warm-up)", 0, e))?;
+        }
+        producer.flush(Duration::from_secs(60)).map_err(|e| format!("warm-up flush: {e}"))?;
+        let context = producer.context();
+        if let (n @ 1.., first) = context.errors.lock().unwrap().clone() {
+            return Err(format!("warm-up record failed ({n}): {}", first.unwrap_or_default()));
+        }
+        context.delivered.store(0, Ordering::Relaxed);
+        context.histogram.lock().unwrap().reset();
+    }
     let started = Instant::now();
     let mut sent = 0u64;
+    let mut transactions = 0u64;
+    let mut txn_started = Instant::now();
+    // Per commit: the flush (waiting for the transaction's records) and EndTxn
+    // (commit_transaction after the flush: EndTxn and the broker's markers).
+    let (mut flush_total, mut end_total, mut end_max) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let mut commit = |n: u64| -> Result<(), String> {
+        let t0 = Instant::now();
+        producer.flush(txn_timeout).map_err(|e| txn_error("flush before commit", n, e))?;
+        let t1 = Instant::now();
+        producer.commit_transaction(txn_timeout).map_err(|e| txn_error("commit_transaction", n, e))?;
+        let end = t1.elapsed();
+        flush_total += t1 - t0;
+        end_total += end;
+        end_max = end_max.max(end);
+        Ok(())
+    };
+    if transactional {
+        producer.begin_transaction().map_err(|e| txn_error("begin_transaction", 1, e))?;
+        transactions = 1;
+    }
     while sent < args.records {
+        if transactional && txn_started.elapsed() >= commit_interval {
+            commit(transactions)?;
+            producer.begin_transaction().map_err(|e| txn_error("begin_transaction", transactions + 1, e))?;
+            transactions += 1;
+            txn_started = Instant::now();
+        }
         let record =
             BaseRecord::<(), [u8], Box<Instant>>::with_opaque_to(&args.topic, Box::new(Instant::now())).payload(&value);
         match producer.send(record) {
@@ -176,16 +318,34 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
             Err((e, _)) => return Err(format!("send failed after {sent} records: {e}")),
         }
     }
+    if transactional {
+        // commit_transaction flushes: the last record is acknowledged and committed before the clock stops.
+        commit(transactions)?;
+    }
     producer.flush(Duration::from_secs(300)).map_err(|e| format!("flush: {e}"))?;
     let elapsed = started.elapsed().as_secs_f64();
     let context = producer.context();
+    let delivered = context.delivered.load(Ordering::Relaxed);
     let (errors, first_error) = context.errors.lock().unwrap().clone();
     let h = context.histogram.lock().unwrap().clone();
     let rps = args.records as f64 / elapsed;
     let mbps = rps * args.record_size as f64 / 1e6;
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    // The plain line is unchanged from before the producer modes existed.
+    let mode_note = match &args.transactional_id {
+        Some(id) => format!(
+            ", producer=transactional id={id} commit.interval.ms={} transactions={transactions} \
+             commit flush {:.0} ms + EndTxn {:.0} ms (max {:.1} ms)",
+            args.commit_interval_ms,
+            flush_total.as_secs_f64() * 1e3,
+            end_total.as_secs_f64() * 1e3,
+            end_max.as_secs_f64() * 1e3
+        ),
+        None if args.idempotent => ", producer=idempotent".to_string(),
+        None => String::new(),
+    };
     println!(
-        "produce {} records x {} B to {} ({} partitions, acks={}, compression={}, linger.ms={}, batch.size={}): \
+        "produce {} records x {} B to {} ({} partitions, acks={}, compression={}, linger.ms={}, batch.size={}{}): \
          {:.2} s, {:.0} records/s, {:.1} MB/s, latency p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms, {} errors",
         args.records,
         args.record_size,
@@ -195,6 +355,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         args.compression,
         args.linger_ms,
         args.batch_size,
+        mode_note,
         elapsed,
         rps,
         mbps,
@@ -204,17 +365,33 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         h.max() as f64 / 1000.0,
         errors
     );
-    let json = serde_json::json!({
-        "mode": "produce", "topic": args.topic, "partitions": partitions, "records": args.records,
+    let mut json = serde_json::json!({
+        "mode": "produce", "producer_mode": args.producer_mode(),
+        "topic": args.topic, "partitions": partitions, "records": args.records,
         "record_size": args.record_size, "acks": args.acks, "compression": args.compression,
         "linger_ms": args.linger_ms, "batch_size": args.batch_size, "seconds": elapsed,
         "records_per_sec": rps, "mb_per_sec": mbps,
         "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1000.0},
-        "errors": errors,
+        "errors": errors, "acknowledged": delivered, "queue_kbytes": args.queue_kbytes, "warmup": args.warmup,
     });
+    if let Some(n) = args.max_in_flight {
+        json["max_in_flight"] = n.into();
+    }
+    if let Some(id) = &args.transactional_id {
+        json["transactional_id"] = id.as_str().into();
+        json["commit_interval_ms"] = args.commit_interval_ms.into();
+        json["transactions"] = transactions.into();
+        json["commit_flush_ms_total"] = (flush_total.as_secs_f64() * 1e3).into();
+        json["end_txn_ms_total"] = (end_total.as_secs_f64() * 1e3).into();
+        json["end_txn_ms_max"] = (end_max.as_secs_f64() * 1e3).into();
+    }
     if errors > 0 {
         println!("{json}");
         return Err(format!("{errors} records failed, first: {}", first_error.unwrap_or_default()));
+    }
+    if delivered != args.records {
+        println!("{json}");
+        return Err(format!("only {delivered} of {} records were acknowledged", args.records));
     }
     Ok(json)
 }
