@@ -290,7 +290,9 @@ async def main():
             got = await consume(c, RECORDS, b"plain-")
             async with p.transaction():
                 for m in got:
-                    await p.send(out_topic, key=m.key, value=m.value.upper(), headers=m.headers)
+                    # a consumed record's headers are a tuple; aiokafka's send
+                    # wants a list (its C record builder rejects a tuple)
+                    await p.send(out_topic, key=m.key, value=m.value.upper(), headers=list(m.headers))
                 offsets = {tp: await c.position(tp) for tp in c.assignment()}
                 await p.send_offsets_to_transaction(offsets, ctp_group)
             committed = {tp.partition: await c.committed(tp) for tp in c.assignment()}
@@ -306,10 +308,33 @@ async def main():
             await c2.stop()
         err = check_records(out, [(k, v.upper(), h) for k, v, h in records])
         ends = await end_offsets(bootstrap, topic)
-        if not err and committed != ends:
-            err = "offsets sent to the transaction %s != end offsets %s" % (committed, ends)
+        sent = {tp.partition: o for tp, o in offsets.items()}
+        last = {}
+        for m in got:
+            last[m.partition] = max(last.get(m.partition, -1), m.offset)
+        if not err and committed != sent:
+            err = "offsets committed with the transaction %s != offsets sent to it %s" % (committed, sent)
+        # the consumer's positions were sent: past every transformed record,
+        # never beyond the log end (a position may stop before a trailing
+        # transaction marker or run up to the log end past it)
+        if not err and any(not (last[q] < sent.get(q, -1) <= ends[q]) for q in last):
+            err = "offsets sent %s not past the last transformed offsets %s or beyond end offsets %s" % (sent, last, ends)
+        if not err:
+            # a new member of the group resumes at the committed offsets and
+            # reads none of the transformed records again
+            c3 = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=ctp_group, auto_offset_reset="earliest",
+                                  enable_auto_commit=False, isolation_level="read_committed")
+            await c3.start()
+            try:
+                again = await consume(c3, 1 << 30, b"", timeout=8)
+            finally:
+                await c3.stop()
+            reread = [m for m in again if m.offset < sent[m.partition]]
+            if reread:
+                err = "resumed member re-read %d records below the committed offsets %s" % (len(reread), sent)
         result("consume-transform-produce", "fail" if err else "pass",
-               err or "%d records transformed in one transaction, offsets committed with it" % RECORDS)
+               err or "%d records transformed in one transaction; committed offsets %s = consumer positions sent to it "
+               "(end offsets %s); a resumed member reads nothing again" % (RECORDS, sent, ends))
     except Exception as e:  # noqa: BLE001
         txn_failure("consume-transform-produce", apiversions.CONSUME_TRANSFORM_PRODUCE, "consume-transform-produce", e)
 
