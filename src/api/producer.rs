@@ -14,6 +14,12 @@ pub async fn init_producer_id(ctx: &RequestContext, req: InitProducerIdRequest) 
         let (pid, epoch) = if ctx.version >= 3 { (req.producer_id.0, req.producer_epoch) } else { (-1, -1) };
         let (error, pid, epoch) =
             ctx.state.txns().init_producer_id(id.0.as_str(), req.transaction_timeout_ms, pid, epoch).await;
+        // KIP-588: PRODUCER_FENCED from v4; older clients get INVALID_PRODUCER_EPOCH.
+        let error = if error == ResponseError::ProducerFenced.code() && ctx.version < 4 {
+            ResponseError::InvalidProducerEpoch.code()
+        } else {
+            error
+        };
         return InitProducerIdResponse::default()
             .with_error_code(error)
             .with_producer_id(ProducerId(pid))

@@ -13,7 +13,19 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 use kafka_protocol::messages::*;
 use kafka_protocol::protocol::StrBytes;
 
+use kafka_protocol::error::ResponseError;
+
 use super::RequestContext;
+
+/// KIP-588 introduced PRODUCER_FENCED at these versions; older clients only
+/// know INVALID_PRODUCER_EPOCH for the same condition.
+fn fenced_for(version: i16, first_version_with_fenced: i16, code: i16) -> i16 {
+    if code == ResponseError::ProducerFenced.code() && version < first_version_with_fenced {
+        ResponseError::InvalidProducerEpoch.code()
+    } else {
+        code
+    }
+}
 use crate::group::{OffsetToCommit, TxnCommitRequest, OFFSETS_TOPIC};
 
 /// Groups (topic, partition, error) results by topic for the response.
@@ -51,6 +63,7 @@ pub async fn add_partitions(ctx: &RequestContext, req: AddPartitionsToTxnRequest
                 false,
             )
             .await;
+        let results = results.into_iter().map(|(t, p, c)| (t, p, fenced_for(ctx.version, 2, c))).collect();
         return AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(topic_results(results));
     }
     // v4+: batched, possibly verify-only (the broker-to-broker form of KIP-890).
@@ -89,7 +102,7 @@ pub async fn add_offsets(ctx: &RequestContext, req: AddOffsetsToTxnRequest) -> A
         )
         .await;
     let error = results.first().map(|r| r.2).unwrap_or(0);
-    AddOffsetsToTxnResponse::default().with_error_code(error)
+    AddOffsetsToTxnResponse::default().with_error_code(fenced_for(ctx.version, 2, error))
 }
 
 pub async fn end_txn(ctx: &RequestContext, req: EndTxnRequest) -> EndTxnResponse {
@@ -98,7 +111,7 @@ pub async fn end_txn(ctx: &RequestContext, req: EndTxnRequest) -> EndTxnResponse
         .txns()
         .end_txn(req.transactional_id.0.as_str(), req.producer_id.0, req.producer_epoch, req.committed)
         .await;
-    EndTxnResponse::default().with_error_code(error)
+    EndTxnResponse::default().with_error_code(fenced_for(ctx.version, 2, error))
 }
 
 pub async fn txn_offset_commit(ctx: &RequestContext, req: TxnOffsetCommitRequest) -> TxnOffsetCommitResponse {

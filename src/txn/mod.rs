@@ -69,7 +69,14 @@ impl OpenTransactions {
         self.by_producer.write().unwrap_or_else(|e| e.into_inner()).insert(producer_id, (epoch, partitions));
     }
 
-    pub fn clear(&self, producer_id: i64) {
+    /// The transaction ended (or the producer was fenced at `epoch`): no partition is
+    /// open, but the epoch is remembered so a zombie's late batch is told it is fenced.
+    pub fn close(&self, producer_id: i64, epoch: i16) {
+        self.by_producer.write().unwrap_or_else(|e| e.into_inner()).insert(producer_id, (epoch, HashSet::new()));
+    }
+
+    /// Forgets a producer (its transactional id expired).
+    pub fn forget(&self, producer_id: i64) {
         self.by_producer.write().unwrap_or_else(|e| e.into_inner()).remove(&producer_id);
     }
 

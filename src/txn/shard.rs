@@ -306,7 +306,10 @@ impl Shard {
         meta.last_update_ms = now;
         let (pid, ep) = (meta.producer_id, meta.epoch);
         match self.transition(id, meta) {
-            Ok(()) => (0, pid, ep),
+            Ok(()) => {
+                self.open.close(pid, ep);
+                (0, pid, ep)
+            }
             Err(e) => (e, -1, -1),
         }
     }
@@ -441,9 +444,11 @@ impl Shard {
         let mut done = meta;
         done.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
         done.last_update_ms = now_ms();
-        let pid = done.producer_id;
+        // As in Kafka, a completed transaction holds no partitions.
+        done.partitions.clear();
+        let (pid, epoch) = (done.producer_id, done.epoch);
         if self.transition(id, done).is_ok() {
-            self.open.clear(pid);
+            self.open.close(pid, epoch);
         }
     }
 
@@ -478,7 +483,9 @@ impl Shard {
             .collect();
         for id in stale {
             if self.tombstone(&id).is_ok() {
-                self.txns.remove(&id);
+                if let Some(m) = self.txns.remove(&id) {
+                    self.open.forget(m.producer_id);
+                }
             }
         }
     }
