@@ -174,7 +174,8 @@ impl Shard {
                         transactional_id: id,
                         state: m.state.name().to_string(),
                         timeout_ms: m.timeout_ms,
-                        start_ms: if m.state == TxnState::Ongoing { m.start_ms } else { -1 },
+                        // Kept after completion, as Kafka reports it.
+                        start_ms: m.start_ms,
                         producer_id: m.producer_id,
                         producer_epoch: m.epoch,
                         partitions: m.value().partitions,
