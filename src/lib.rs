@@ -14,6 +14,7 @@
 //!   fencing, timeouts).
 //! - [`metadata`]: the persisted topic registry and cluster identity.
 //! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
+//! - [`shard`]: the shard handle and fan-out both coordinators use.
 //! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`].
 
 pub mod alloc_guard;
@@ -24,6 +25,7 @@ pub mod group;
 pub mod metadata;
 pub mod replica;
 pub mod server;
+pub mod shard;
 pub mod topic_config;
 pub mod txn;
 pub mod util;

@@ -14,12 +14,14 @@ pub mod records;
 mod shard;
 mod state;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::shard::ShardHandle;
 
 use crate::config::GroupSettings;
 use crate::replica::{ReplicaManager, TopicError};
@@ -187,14 +189,9 @@ pub struct ListedGroup {
     pub state: String,
 }
 
-struct ShardHandle {
-    tx: mpsc::Sender<Command>,
-    loaded: Arc<AtomicBool>,
-}
-
 /// Routes group requests to the shard that owns the group.
 pub struct GroupCoordinator {
-    shards: Vec<ShardHandle>,
+    shards: Vec<ShardHandle<Command>>,
 }
 
 fn not_available() -> i16 {
@@ -232,14 +229,14 @@ impl GroupCoordinator {
         Ok(GroupCoordinator { shards })
     }
 
-    fn shard(&self, group_id: &str) -> &ShardHandle {
+    fn shard(&self, group_id: &str) -> &ShardHandle<Command> {
         let p = records::partition_for(group_id, self.shards.len() as i32);
         &self.shards[p as usize]
     }
 
     /// COORDINATOR_LOAD_IN_PROGRESS while the group's shard is still loading.
     pub fn check_loaded(&self, group_id: &str) -> Result<(), i16> {
-        if self.shard(group_id).loaded.load(Ordering::Acquire) {
+        if self.shard(group_id).is_loaded() {
             Ok(())
         } else {
             Err(ResponseError::CoordinatorLoadInProgress.code())
@@ -247,7 +244,7 @@ impl GroupCoordinator {
     }
 
     pub fn all_loaded(&self) -> bool {
-        self.shards.iter().all(|s| s.loaded.load(Ordering::Acquire))
+        self.shards.iter().all(|s| s.is_loaded())
     }
 
     async fn ask<T>(&self, group_id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
@@ -359,21 +356,7 @@ impl GroupCoordinator {
 
     /// Every group of every loaded shard; the error is COORDINATOR_LOAD_IN_PROGRESS if any shard is loading.
     pub async fn list(&self) -> (i16, Vec<ListedGroup>) {
-        let mut out = Vec::new();
-        let mut error = 0;
-        for shard in &self.shards {
-            if !shard.loaded.load(Ordering::Acquire) {
-                error = ResponseError::CoordinatorLoadInProgress.code();
-                continue;
-            }
-            let (tx, rx) = oneshot::channel();
-            if shard.tx.send(Command::List(tx)).await.is_ok() {
-                if let Ok(groups) = rx.await {
-                    out.extend(groups);
-                }
-            }
-        }
-        (error, out)
+        crate::shard::list_all(&self.shards, Command::List).await
     }
 
     pub async fn delete_group(&self, group_id: &str) -> i16 {

@@ -13,11 +13,13 @@ pub mod records;
 mod shard;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 
 use kafka_protocol::error::ResponseError;
 use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::shard::ShardHandle;
 
 use crate::group::GroupCoordinator;
 use crate::replica::{ReplicaManager, TopicError};
@@ -143,13 +145,8 @@ pub async fn write_marker(
     }
 }
 
-struct ShardHandle {
-    tx: mpsc::Sender<Command>,
-    loaded: Arc<AtomicBool>,
-}
-
 pub struct TxnCoordinator {
-    shards: Vec<ShardHandle>,
+    shards: Vec<ShardHandle<Command>>,
     pub open: Arc<OpenTransactions>,
     pub settings: TxnSettings,
 }
@@ -197,18 +194,18 @@ impl TxnCoordinator {
         Ok(TxnCoordinator { shards, open, settings })
     }
 
-    fn shard(&self, transactional_id: &str) -> &ShardHandle {
+    fn shard(&self, transactional_id: &str) -> &ShardHandle<Command> {
         let p = crate::group::records::partition_for(transactional_id, self.shards.len() as i32);
         &self.shards[p as usize]
     }
 
     pub fn all_loaded(&self) -> bool {
-        self.shards.iter().all(|s| s.loaded.load(Ordering::Acquire))
+        self.shards.iter().all(|s| s.is_loaded())
     }
 
     async fn ask<T>(&self, id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, i16> {
         let shard = self.shard(id);
-        if !shard.loaded.load(Ordering::Acquire) {
+        if !shard.is_loaded() {
             return Err(ResponseError::CoordinatorLoadInProgress.code());
         }
         let (tx, rx) = oneshot::channel();
@@ -278,20 +275,6 @@ impl TxnCoordinator {
 
     /// Every transaction of every loaded shard; COORDINATOR_LOAD_IN_PROGRESS if any is loading.
     pub async fn list(&self) -> (i16, Vec<ListedTxn>) {
-        let mut out = Vec::new();
-        let mut error = 0;
-        for shard in &self.shards {
-            if !shard.loaded.load(Ordering::Acquire) {
-                error = ResponseError::CoordinatorLoadInProgress.code();
-                continue;
-            }
-            let (tx, rx) = oneshot::channel();
-            if shard.tx.send(Command::List(tx)).await.is_ok() {
-                if let Ok(list) = rx.await {
-                    out.extend(list);
-                }
-            }
-        }
-        (error, out)
+        crate::shard::list_all(&self.shards, Command::List).await
     }
 }
