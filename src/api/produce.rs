@@ -190,9 +190,9 @@ fn produce_partition(
             )),
         );
     }
-    // The request buffer is shared; the offsets are patched into a private copy.
-    let mut owned = records.to_vec();
-    match partition.append(&mut owned, now_ms()) {
+    // The request's bytes go to the file as they are: the log writes each
+    // batch's offset-stamped header prefix from a small copy (no record copy).
+    match partition.append(&records, now_ms()) {
         // A retried batch already in the log: its original offsets, no error (KIP-98).
         Ok(info) => PartitionResult {
             index,

@@ -972,8 +972,8 @@ impl Shard {
     /// Writes the producer's COMMIT/ABORT marker to this partition and applies
     /// or drops the offsets it committed inside the transaction.
     fn complete_txn(&mut self, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
-        let mut marker = batch::build_control_batch(producer_id, epoch, commit, 0, now_ms());
-        if let Err(e) = self.partition.append(&mut marker, now_ms()) {
+        let marker = batch::build_control_batch(producer_id, epoch, commit, 0, now_ms());
+        if let Err(e) = self.partition.append(&marker, now_ms()) {
             tracing::error!(partition = self.partition.index, error = %e, "cannot write a transaction marker");
             return Err(crate::api::error::partition_code(&e));
         }
@@ -1215,7 +1215,7 @@ impl Shard {
         if RecordBatchEncoder::encode(&mut buf, records.iter(), &options).is_err() {
             return Err(code(ResponseError::UnknownServerError));
         }
-        match self.partition.append(&mut buf, now) {
+        match self.partition.append(&buf, now) {
             Ok(_) => Ok(()),
             Err(PartitionError::Storage(strand_storage::StorageError::BatchTooLarge { .. })) => {
                 Err(code(ResponseError::InvalidCommitOffsetSize))

@@ -85,8 +85,10 @@ impl Partition {
 
     /// Appends client batches (validated, offsets assigned, bytes written as
     /// received) and advances the high watermark.
-    pub fn append(&self, batches: &mut [u8], now_ms: i64) -> Result<AppendInfo, PartitionError> {
-        let info = self.with_log(|log| log.append(batches, self.leader_epoch, now_ms))?;
+    /// Appends whole batches as given (the log stamps offsets into its copy
+    /// of each header; `batches` itself, often a request buffer, is not changed).
+    pub fn append(&self, batches: &[u8], now_ms: i64) -> Result<AppendInfo, PartitionError> {
+        let info = self.with_log(|log| log.append_shared(batches, self.leader_epoch, now_ms))?;
         // RF=1: the write is replicated to the whole ISR once it is in the log.
         self.high_watermark.send_replace(info.last_offset + 1);
         Ok(info)

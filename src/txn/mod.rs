@@ -135,8 +135,8 @@ pub async fn write_marker(
         return Ok(());
     };
     let now = crate::util::now_ms();
-    let mut batch = strand_storage::batch::build_control_batch(producer_id, epoch, commit, coordinator_epoch, now);
-    match target.append(&mut batch, now) {
+    let batch = strand_storage::batch::build_control_batch(producer_id, epoch, commit, coordinator_epoch, now);
+    match target.append(&batch, now) {
         Ok(_) | Err(crate::replica::PartitionError::Gone) => Ok(()),
         Err(e) => {
             tracing::error!(topic, partition, error = %e, "transaction marker failed");

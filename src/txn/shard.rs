@@ -229,7 +229,7 @@ impl Shard {
         let options = RecordEncodeOptions { version: 2, compression: Compression::None };
         RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
             .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition.append(&mut buf, now_ms()).map(|_| ()).map_err(|e| {
+        self.partition.append(&buf, now_ms()).map(|_| ()).map_err(|e| {
             tracing::error!(partition = self.partition.index, error = %e, "cannot append to __transaction_state");
             code(ResponseError::CoordinatorNotAvailable)
         })
@@ -511,7 +511,7 @@ impl Shard {
         let options = RecordEncodeOptions { version: 2, compression: Compression::None };
         RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
             .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition.append(&mut buf, now_ms()).map(|_| ()).map_err(|_| code(ResponseError::CoordinatorNotAvailable))
+        self.partition.append(&buf, now_ms()).map(|_| ()).map_err(|_| code(ResponseError::CoordinatorNotAvailable))
     }
 }
 

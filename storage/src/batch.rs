@@ -300,6 +300,21 @@ pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
     batch[OFF_BASE_OFFSET..OFF_BASE_OFFSET + 8].copy_from_slice(&base_offset.to_be_bytes());
 }
 
+/// Bytes at the start of a batch that the log rewrites on append (base
+/// offset, batch length, partition leader epoch): outside the CRC, so the
+/// rest of the batch is stored exactly as the client sent it.
+pub const PATCHED_PREFIX_BYTES: usize = OFF_MAGIC;
+
+/// The first [`PATCHED_PREFIX_BYTES`] of `batch` with the log's base offset
+/// and leader epoch, for a vectored write that leaves `batch` untouched.
+pub fn patched_prefix(batch: &[u8], base_offset: i64, epoch: i32) -> [u8; PATCHED_PREFIX_BYTES] {
+    let mut prefix = [0u8; PATCHED_PREFIX_BYTES];
+    prefix.copy_from_slice(&batch[..PATCHED_PREFIX_BYTES]);
+    set_base_offset(&mut prefix, base_offset);
+    set_partition_leader_epoch(&mut prefix, epoch);
+    prefix
+}
+
 /// Writes the partition leader epoch into the batch header at the start of `batch`.
 pub fn set_partition_leader_epoch(batch: &mut [u8], epoch: i32) {
     batch[OFF_LEADER_EPOCH..OFF_LEADER_EPOCH + 4].copy_from_slice(&epoch.to_be_bytes());

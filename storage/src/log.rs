@@ -21,6 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -290,7 +291,29 @@ impl Log {
     /// Validates every batch in `batches`, assigns offsets from the log end offset,
     /// stamps `leader_epoch`, and appends the bytes to the active segment (rolling
     /// first when size, time or index limits require). On any error nothing is written.
+    /// Appends `batches` (one or more whole v2 batches) and stamps them in
+    /// place with their offsets and `leader_epoch`, as they are in the log.
     pub fn append(&mut self, batches: &mut [u8], leader_epoch: i32, now_ms: i64) -> Result<AppendInfo> {
+        let info = self.append_shared(batches, leader_epoch, now_ms)?;
+        if !info.duplicate {
+            let mut offset = info.base_offset;
+            let starts: Vec<(usize, i32)> =
+                batch::iter(batches).map(|(position, header, _)| (position, header.last_offset_delta())).collect();
+            for (position, last_offset_delta) in starts {
+                let last = offset + last_offset_delta as i64;
+                batch::set_base_offset(&mut batches[position..], offset);
+                batch::set_partition_leader_epoch(&mut batches[position..], leader_epoch);
+                offset = last + 1;
+            }
+        }
+        Ok(info)
+    }
+
+    /// Appends `batches` without changing them: the base offsets and leader
+    /// epoch go into the file through small patched copies of each batch's
+    /// first bytes (a vectored write), so a request buffer shared with other
+    /// readers can be written as it is, with no copy of the records.
+    pub fn append_shared(&mut self, batches: &[u8], leader_epoch: i32, now_ms: i64) -> Result<AppendInfo> {
         if batches.len() > self.config.max_batch_bytes {
             return Err(StorageError::BatchTooLarge { size: batches.len(), max: self.config.max_batch_bytes });
         }
@@ -346,10 +369,15 @@ impl Log {
         }
         assert_eq!(metas.len(), info.batch_count, "validate_all and iter disagree");
         let last_offset = offset - 1;
-        for meta in &metas {
-            let at = meta.position as usize;
-            batch::set_base_offset(&mut batches[at..], meta.base_offset);
-            batch::set_partition_leader_epoch(&mut batches[at..], leader_epoch);
+        let prefixes: Vec<[u8; batch::PATCHED_PREFIX_BYTES]> = metas
+            .iter()
+            .map(|m| batch::patched_prefix(&batches[m.position as usize..], m.base_offset, leader_epoch))
+            .collect();
+        let mut parts = Vec::with_capacity(metas.len() * 2);
+        for (meta, prefix) in metas.iter().zip(&prefixes) {
+            let (start, end) = (meta.position as usize, (meta.position + meta.total_bytes) as usize);
+            parts.push(IoSlice::new(prefix));
+            parts.push(IoSlice::new(&batches[start + batch::PATCHED_PREFIX_BYTES..end]));
         }
 
         let active = self.active();
@@ -363,7 +391,7 @@ impl Log {
             self.roll(now_ms)?;
         }
         let interval = self.config.index_interval_bytes;
-        self.active_mut().append(batches, &metas, interval)?;
+        self.active_mut().append_vectored(&mut parts, &metas, interval)?;
         debug_assert_eq!(self.log_end_offset(), last_offset + 1);
         if !pending.is_empty() {
             for aborted in self.producers.commit(pending) {

@@ -6,7 +6,7 @@
 //! that retention has just deleted.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::io::{IoSlice, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -367,14 +367,39 @@ impl Segment {
     /// Appends validated batches (already stamped with offsets) with one
     /// write; `metas` positions are relative to `buf`.
     pub fn append(&mut self, buf: &[u8], metas: &[BatchMeta], index_interval_bytes: u32) -> Result<()> {
+        self.append_vectored(&mut [IoSlice::new(buf)], metas, index_interval_bytes)
+    }
+
+    /// Appends the concatenation of `parts` (whole batches) with vectored
+    /// writes, normally one `writev`; `metas` positions are relative to the
+    /// start of that concatenation.
+    pub fn append_vectored(
+        &mut self,
+        parts: &mut [IoSlice<'_>],
+        metas: &[BatchMeta],
+        index_interval_bytes: u32,
+    ) -> Result<()> {
         let writer = self.writer.as_mut().expect("append to a sealed segment");
-        if let Err(e) = writer.write_all(buf) {
-            // Nothing may be left half written: cut back to the old end.
-            let _ = writer.set_len(self.size_bytes);
-            return Err(StorageError::io(&*self.log_path, e));
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        let mut rest = parts;
+        while !rest.is_empty() {
+            let written = match writer.write_vectored(rest) {
+                Ok(0) => Err(std::io::Error::from(std::io::ErrorKind::WriteZero)),
+                Ok(n) => Ok(n),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            match written {
+                Ok(n) => IoSlice::advance_slices(&mut rest, n),
+                Err(e) => {
+                    // Nothing may be left half written: cut back to the old end.
+                    let _ = writer.set_len(self.size_bytes);
+                    return Err(StorageError::io(&*self.log_path, e));
+                }
+            }
         }
         let start = self.size_bytes;
-        self.size_bytes += buf.len() as u64;
+        self.size_bytes += len as u64;
         for meta in metas {
             let meta = BatchMeta { position: start + meta.position, ..*meta };
             self.index_batch(&meta, index_interval_bytes);

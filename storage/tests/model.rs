@@ -141,9 +141,15 @@ impl Model {
             self.end = offset;
             return;
         }
-        let i = self.batches.iter().position(|b| b.last >= offset).expect("offset < end");
-        self.end = self.batches[i].base;
-        self.batches.truncate(i);
+        // Compaction can leave the end of the log past its last batch (the
+        // records after the last kept one are gone, the offsets are not).
+        match self.batches.iter().position(|b| b.last >= offset) {
+            Some(i) => {
+                self.end = self.batches[i].base;
+                self.batches.truncate(i);
+            }
+            None => self.end = offset,
+        }
         self.start = self.start.min(self.end);
     }
     fn advance_start(&mut self, start: i64) {
