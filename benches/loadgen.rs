@@ -22,8 +22,8 @@
 //! Build: `cargo build --release --features loadgen --bin strand-loadgen`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Parser, ValueEnum};
 use hdrhistogram::Histogram;
@@ -40,6 +40,20 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 enum Mode {
     Produce,
     Consume,
+    /// End-to-end latency at a fixed rate: one producer sends `--rate`
+    /// records/s for `--duration-s` s (after `--warmup-s` s not measured),
+    /// each value stamped with its send time; a consumer in the same
+    /// process reads them and records receive time minus send time.
+    Latency,
+    /// Time to the first acknowledged record: one record, retried quickly
+    /// while the broker is still starting; prints the wall-clock time (Unix
+    /// ms) of its delivery so a caller that noted when it started the broker
+    /// gets "start to first produce". No topic set-up first.
+    FirstProduce,
+    /// Deletes `--topic` (a comma-separated list) and waits until metadata no
+    /// longer lists it: benches/compare clears each run's topics so the next
+    /// run starts from the same state.
+    DeleteTopic,
 }
 
 #[derive(Parser, Debug)]
@@ -103,6 +117,18 @@ struct Args {
     /// transaction began (the commit itself waits for every record in it).
     #[arg(long, default_value_t = 100, requires = "transactional_id")]
     commit_interval_ms: u64,
+    /// --mode latency: records per second, sent on a fixed schedule.
+    #[arg(long, default_value_t = 10_000)]
+    rate: u64,
+    /// --mode latency: measured seconds.
+    #[arg(long, default_value_t = 10.0)]
+    duration_s: f64,
+    /// --mode latency: seconds at the rate before measuring starts.
+    #[arg(long, default_value_t = 2.0)]
+    warmup_s: f64,
+    /// --mode first-produce: give up after this many seconds.
+    #[arg(long, default_value_t = 120.0)]
+    timeout_s: f64,
     /// With --transactional-id: transaction.timeout.ms (librdkafka wants it >= message.timeout.ms, 120 s here).
     #[arg(long, default_value_t = 120_000, requires = "transactional_id")]
     transaction_timeout_ms: u64,
@@ -216,19 +242,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         delivered: AtomicU64::new(0),
         errors: Mutex::new((0, None)),
     };
-    let mut config = base_config(args);
-    config
-        .set("acks", &args.acks)
-        .set("compression.type", &args.compression)
-        .set("linger.ms", args.linger_ms.to_string())
-        .set("batch.size", args.batch_size.to_string())
-        .set("enable.idempotence", if args.producer_mode() == "plain" { "false" } else { "true" })
-        .set("queue.buffering.max.messages", "1000000")
-        .set("queue.buffering.max.kbytes", args.queue_kbytes.to_string())
-        .set("message.timeout.ms", "120000");
-    if let Some(n) = args.max_in_flight {
-        config.set("max.in.flight.requests.per.connection", n.to_string());
-    }
+    let mut config = producer_config(args);
     if let Some(id) = &args.transactional_id {
         config.set("transactional.id", id).set("transaction.timeout.ms", args.transaction_timeout_ms.to_string());
     }
@@ -447,10 +461,16 @@ fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
 
 fn main() -> std::process::ExitCode {
     let args = Args::parse();
-    let result = ensure_topic(&args).and_then(|partitions| match args.mode {
-        Mode::Produce => produce(&args, partitions),
-        Mode::Consume => consume(&args, partitions),
-    });
+    let result = match args.mode {
+        Mode::FirstProduce => first_produce(&args),
+        Mode::DeleteTopic => delete_topics(&args),
+        _ => ensure_topic(&args).and_then(|partitions| match args.mode {
+            Mode::Produce => produce(&args, partitions),
+            Mode::Consume => consume(&args, partitions),
+            Mode::Latency => latency(&args, partitions),
+            Mode::FirstProduce | Mode::DeleteTopic => unreachable!("handled above"),
+        }),
+    };
     match result {
         Ok(json) => {
             println!("{json}");
@@ -461,4 +481,283 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Quantiles reported for `--mode latency` (and plotted by benches/compare).
+const LATENCY_QUANTILES: [f64; 13] = [0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999];
+
+/// Producer settings shared by the produce and latency modes.
+fn producer_config(args: &Args) -> ClientConfig {
+    let mut config = base_config(args);
+    config
+        .set("acks", &args.acks)
+        .set("compression.type", &args.compression)
+        .set("linger.ms", args.linger_ms.to_string())
+        .set("batch.size", args.batch_size.to_string())
+        .set("enable.idempotence", if args.producer_mode() == "plain" { "false" } else { "true" })
+        .set("queue.buffering.max.messages", "1000000")
+        .set("queue.buffering.max.kbytes", args.queue_kbytes.to_string())
+        .set("message.timeout.ms", "120000");
+    if let Some(n) = args.max_in_flight {
+        config.set("max.in.flight.requests.per.connection", n.to_string());
+    }
+    config
+}
+
+/// Counts deliveries and failures; the latency mode measures at the consumer.
+struct CountingContext {
+    delivered: AtomicU64,
+    errors: Mutex<(u64, Option<String>)>,
+}
+
+impl ClientContext for CountingContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        eprintln!("librdkafka {level:?} {fac}: {log_message}");
+    }
+}
+
+impl ProducerContext for CountingContext {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        match result {
+            Ok(_) => {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err((e, _)) => {
+                let mut errors = self.errors.lock().unwrap();
+                errors.0 += 1;
+                errors.1.get_or_insert_with(|| e.to_string());
+            }
+        }
+    }
+}
+
+fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+    if args.record_size < 16 {
+        return Err("--mode latency needs --record-size >= 16 (the value carries its send time)".into());
+    }
+    if args.rate == 0 || args.duration_s <= 0.0 {
+        return Err("--mode latency needs --rate > 0 and --duration-s > 0".into());
+    }
+    // Every time is nanoseconds since `origin`, shared by the producing and
+    // consuming threads of this one process.
+    let origin = Instant::now();
+    let now_ns = move || origin.elapsed().as_nanos() as u64;
+    let warmup = Duration::from_secs_f64(args.warmup_s.max(0.0));
+    let measured = Duration::from_secs_f64(args.duration_s);
+    let total_records = ((warmup + measured).as_secs_f64() * args.rate as f64).round() as u64;
+    let measured_records = (measured.as_secs_f64() * args.rate as f64).round() as u64;
+    let first_measured_seq = total_records - measured_records;
+
+    let consumer: BaseConsumer = base_config(args)
+        .set("group.id", "strand-loadgen-latency")
+        .set("enable.auto.commit", "false")
+        .set("fetch.max.bytes", "52428800")
+        .set("max.partition.fetch.bytes", "10485760")
+        .create()
+        .map_err(|e| e.to_string())?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(&args.topic, p, Offset::End).map_err(|e| e.to_string())?;
+    }
+    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+
+    let context = CountingContext { delivered: AtomicU64::new(0), errors: Mutex::new((0, None)) };
+    let producer: ThreadedProducer<CountingContext> =
+        producer_config(args).create_with_context(context).map_err(|e| e.to_string())?;
+    let mut value = payload(args);
+    let send = |value: &mut Vec<u8>, seq: u64| -> Result<(), String> {
+        value[0..8].copy_from_slice(&now_ns().to_le_bytes());
+        value[8..16].copy_from_slice(&seq.to_le_bytes());
+        loop {
+            match producer.send(BaseRecord::<(), [u8], ()>::to(&args.topic).payload(&value[..])) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    std::thread::sleep(Duration::from_micros(100))
+                }
+                Err((e, _)) => return Err(format!("send failed at record {seq}: {e}")),
+            }
+        }
+    };
+
+    // Until the consumer sees a probe record, its fetch position is not
+    // settled; probes (seq u64::MAX) are sent every 100 ms until one arrives.
+    let probe_deadline = Instant::now() + Duration::from_secs(60);
+    'probe: loop {
+        send(&mut value, u64::MAX)?;
+        let sent_at = Instant::now();
+        while sent_at.elapsed() < Duration::from_millis(100) {
+            match consumer.poll(Duration::from_millis(10)) {
+                Some(Ok(m)) if m.payload().is_some_and(|v| v.len() >= 16) => break 'probe,
+                Some(Err(e)) => return Err(format!("consumer error before the run: {e}")),
+                _ => {}
+            }
+        }
+        if Instant::now() > probe_deadline {
+            return Err("the consumer saw no probe record within 60 s".into());
+        }
+    }
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let consumer_thread = {
+        let done = done.clone();
+        std::thread::spawn(move || -> Result<(Histogram<u64>, u64, u64), String> {
+            let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("histogram bounds");
+            let (mut received, mut last_seq_seen) = (0u64, 0u64);
+            let mut idle_since = Instant::now();
+            while received < total_records {
+                match consumer.poll(Duration::from_millis(50)) {
+                    Some(Ok(m)) => {
+                        let at = now_ns();
+                        idle_since = Instant::now();
+                        let Some(v) = m.payload().filter(|v| v.len() >= 16) else { continue };
+                        let sent = u64::from_le_bytes(v[0..8].try_into().unwrap());
+                        let seq = u64::from_le_bytes(v[8..16].try_into().unwrap());
+                        if seq == u64::MAX {
+                            continue; // a late probe
+                        }
+                        received += 1;
+                        last_seq_seen = last_seq_seen.max(seq);
+                        if seq >= first_measured_seq {
+                            h.saturating_record(at.saturating_sub(sent).max(1));
+                        }
+                    }
+                    Some(Err(e)) => return Err(format!("consumer error after {received} records: {e}")),
+                    None => {
+                        if done.load(Ordering::Relaxed) && idle_since.elapsed() > Duration::from_secs(30) {
+                            return Err(format!("consumer got {received} of {total_records} records"));
+                        }
+                    }
+                }
+            }
+            Ok((h, received, last_seq_seen))
+        })
+    };
+
+    // Record i is due at start + i / rate. The thread sleeps until the next
+    // record is due and then sends every record that is due (no spinning:
+    // a busy core would be taken from the broker and the client on a small
+    // machine); how far sends fell behind schedule is reported.
+    let start = Instant::now();
+    let interval_ns = 1e9 / args.rate as f64;
+    let due = |seq: u64| start + Duration::from_nanos((seq as f64 * interval_ns) as u64);
+    let mut behind_max = Duration::ZERO;
+    let mut seq = 0u64;
+    while seq < total_records {
+        let now = Instant::now();
+        let next = due(seq);
+        if next > now {
+            std::thread::sleep(next - now);
+            continue;
+        }
+        behind_max = behind_max.max(now - next);
+        while seq < total_records && due(seq) <= now {
+            send(&mut value, seq)?;
+            seq += 1;
+        }
+    }
+    let send_seconds = start.elapsed().as_secs_f64();
+    producer.flush(Duration::from_secs(120)).map_err(|e| format!("flush: {e}"))?;
+    done.store(true, Ordering::Relaxed);
+    let (h, received, _) = consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
+    let (errors, first_error) = producer.context().errors.lock().unwrap().clone();
+    if errors > 0 {
+        return Err(format!("{errors} records failed, first: {}", first_error.unwrap_or_default()));
+    }
+    let achieved_rate = total_records as f64 / send_seconds;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1e6;
+    let curve: Vec<serde_json::Value> = LATENCY_QUANTILES.iter().map(|&q| serde_json::json!([q, ms(q)])).collect();
+    println!(
+        "latency at {} records/s ({} B, {} partitions, acks={}, linger.ms={}; achieved {:.0} records/s, \
+         at most {:.1} ms behind schedule): {} records measured, p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms",
+        args.rate,
+        args.record_size,
+        partitions,
+        args.acks,
+        args.linger_ms,
+        achieved_rate,
+        behind_max.as_secs_f64() * 1e3,
+        h.len(),
+        ms(0.5),
+        ms(0.99),
+        ms(0.999),
+        h.max() as f64 / 1e6
+    );
+    Ok(serde_json::json!({
+        "mode": "latency", "topic": args.topic, "partitions": partitions, "record_size": args.record_size,
+        "acks": args.acks, "linger_ms": args.linger_ms, "rate": args.rate, "achieved_rate": achieved_rate,
+        "behind_schedule_ms_max": behind_max.as_secs_f64() * 1e3,
+        "records": total_records, "received": received, "measured": h.len(),
+        "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1e6},
+        "percentiles_ms": curve,
+    }))
+}
+
+fn first_produce(args: &Args) -> Result<serde_json::Value, String> {
+    let started = Instant::now();
+    let context = CountingContext { delivered: AtomicU64::new(0), errors: Mutex::new((0, None)) };
+    // Short back-offs so the probe notices a listening broker within ~10 ms;
+    // librdkafka keeps the record queued while it cannot connect.
+    let producer: ThreadedProducer<CountingContext> = producer_config(args)
+        .set("log_level", "0")
+        .set("reconnect.backoff.ms", "10")
+        .set("reconnect.backoff.max.ms", "10")
+        .set("retry.backoff.ms", "10")
+        .set("retry.backoff.max.ms", "10")
+        .set("topic.metadata.refresh.fast.interval.ms", "10")
+        .set("message.timeout.ms", ((args.timeout_s * 1000.0) as u64).max(1).to_string())
+        .create_with_context(context)
+        .map_err(|e| e.to_string())?;
+    let value = payload(args);
+    producer
+        .send(BaseRecord::<(), [u8], ()>::to(&args.topic).payload(&value[..]))
+        .map_err(|(e, _)| format!("send: {e}"))?;
+    let deadline = started + Duration::from_secs_f64(args.timeout_s);
+    loop {
+        let context = producer.context();
+        if context.delivered.load(Ordering::Relaxed) == 1 {
+            break;
+        }
+        if let (1.., Some(e)) = context.errors.lock().unwrap().clone() {
+            return Err(format!("the record failed: {e}"));
+        }
+        if Instant::now() > deadline {
+            return Err(format!("no record acknowledged within {} s", args.timeout_s));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    let unix_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_err(|e| e.to_string())?.as_secs_f64() * 1e3;
+    let waited = started.elapsed().as_secs_f64();
+    println!("first produce acknowledged after {:.3} s of trying (to {})", waited, args.topic);
+    Ok(serde_json::json!({
+        "mode": "first-produce", "topic": args.topic, "delivered_unix_ms": unix_ms, "seconds_trying": waited,
+    }))
+}
+
+fn delete_topics(args: &Args) -> Result<serde_json::Value, String> {
+    let topics: Vec<&str> = args.topic.split(',').filter(|t| !t.is_empty()).collect();
+    let admin: AdminClient<DefaultClientContext> = base_config(args).create().map_err(|e| e.to_string())?;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    for r in rt.block_on(admin.delete_topics(&topics, &opts)).map_err(|e| e.to_string())? {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::UnknownTopicOrPartition)) => {}
+            Err((t, e)) => return Err(format!("cannot delete topic {t}: {e}")),
+        }
+    }
+    let consumer: BaseConsumer = base_config(args).create().map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let md = consumer.fetch_metadata(None, Duration::from_secs(10)).map_err(|e| e.to_string())?;
+        if !md.topics().iter().any(|t| topics.contains(&t.name())) {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("topics {topics:?} still listed 60 s after deletion"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("deleted {}", topics.join(","));
+    Ok(serde_json::json!({"mode": "delete-topic", "topics": topics}))
 }
