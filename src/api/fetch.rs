@@ -1,5 +1,6 @@
-//! Fetch: whole batches straight from segment files (positioned reads of file
-//! slices, never decoded), bounded by partition and response byte limits, with
+//! Fetch: whole batches straight from segment files (file slices, never
+//! decoded, sent with `sendfile` through records placeholders: see
+//! [`super::response`]), bounded by partition and response byte limits, with
 //! the max_wait_ms/min_bytes long poll woken by appends, and incremental fetch
 //! sessions (KIP-227).
 
@@ -15,6 +16,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use super::fetch_session::{CachedPartition, PartitionKey, SessionError, SessionPlan, TopicKey};
+use super::response::FileRecords;
 use super::{error, str_bytes, RequestContext};
 use crate::replica::{Partition, PartitionOffsets};
 
@@ -33,11 +35,14 @@ struct Target {
 struct PartitionResult {
     error_code: i16,
     offsets: Option<PartitionOffsets>,
-    records: Vec<u8>,
+    /// A placeholder for file slices (see `FileRecords`), or bytes read into memory.
+    records: Bytes,
     aborted: Vec<strand_storage::AbortedTxn>,
 }
 
-pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
+/// The response, and the file slices its records placeholders stand for
+/// (the response must be encoded with them: see [`super::response`]).
+pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, FileRecords) {
     let uses_ids = ctx.version >= 13;
     let read_committed = req.isolation_level == 1;
     let topic_key =
@@ -64,7 +69,7 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
                 SessionError::NotFound => ResponseError::FetchSessionIdNotFound,
                 SessionError::InvalidEpoch => ResponseError::InvalidFetchSessionEpoch,
             };
-            return FetchResponse::default().with_error_code(code.code()).with_session_id(0);
+            return (FetchResponse::default().with_error_code(code.code()).with_session_id(0), FileRecords::default());
         }
     };
 
@@ -75,18 +80,18 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
     let deadline = Instant::now() + Duration::from_millis(req.max_wait_ms.clamp(0, MAX_WAIT_MS_CAP) as u64);
     let mut shutdown = ctx.shutdown.clone();
 
-    let results = loop {
+    let (results, files) = loop {
         // Subscribe before reading so an append between the read and the wait is not missed.
         let mut watchers: Vec<_> =
             targets.iter().filter_map(|t| t.partition.as_ref().ok()).map(|p| p.subscribe()).collect();
         for w in &mut watchers {
             w.borrow_and_update();
         }
-        let results = read_all(&targets, response_max_bytes, read_committed);
+        let (results, files) = read_all(&targets, response_max_bytes, read_committed);
         let bytes: usize = results.iter().map(|r| r.records.len()).sum();
         let any_error = results.iter().any(|r| r.error_code != 0);
         if bytes >= min_bytes || any_error || watchers.is_empty() || Instant::now() >= deadline || *shutdown.borrow() {
-            break results;
+            break (results, files);
         }
         let changed = select_all(watchers.iter_mut().map(|w| Box::pin(w.changed())));
         tokio::select! {
@@ -150,7 +155,7 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
                 None
             })
             .with_preferred_read_replica(BrokerId(-1))
-            .with_records(Some(Bytes::from(result.records)));
+            .with_records(Some(result.records));
         let same_topic = responses.last().is_some_and(|last| {
             if uses_ids {
                 last.topic_id == target.topic_id && target.topic_id != Uuid::nil()
@@ -170,7 +175,7 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> FetchResponse {
         responses.last_mut().expect("pushed above").partitions.push(data);
     }
     drop(sessions);
-    FetchResponse::default().with_error_code(0).with_session_id(session_id).with_responses(responses)
+    (FetchResponse::default().with_error_code(0).with_session_id(session_id).with_responses(responses), files)
 }
 
 fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, uses_ids: bool) -> Target {
@@ -197,42 +202,56 @@ fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, use
 
 /// Reads every target in order within the response byte budget. The first
 /// partition with data may exceed the budget by one batch, as in Kafka, so a
-/// consumer always makes progress.
-fn read_all(targets: &[Target], response_max_bytes: usize, read_committed: bool) -> Vec<PartitionResult> {
+/// consumer always makes progress. Records stay in their files (placeholders
+/// registered in the returned `FileRecords`) unless the placeholder region is
+/// full, in which case they are read into memory.
+fn read_all(
+    targets: &[Target],
+    response_max_bytes: usize,
+    read_committed: bool,
+) -> (Vec<PartitionResult>, FileRecords) {
     let mut remaining = response_max_bytes;
     let mut total = 0usize;
-    targets
+    let mut files = FileRecords::default();
+    let results = targets
         .iter()
         .map(|t| {
             let partition = match &t.partition {
                 Ok(p) => p,
-                Err(code) => return PartitionResult { error_code: *code, offsets: None, records: Vec::new(), aborted: Vec::new() },
+                Err(code) => return PartitionResult { error_code: *code, offsets: None, records: Bytes::new(), aborted: Vec::new() },
             };
             let max_bytes = (t.cached.max_bytes.max(0) as usize).min(remaining);
             let min_one = total == 0;
             match partition.read(t.cached.fetch_offset, max_bytes, read_committed, min_one) {
                 Ok((info, offsets, aborted)) => {
-                    let mut records = Vec::with_capacity(info.bytes);
-                    for slice in &info.slices {
-                        if let Err(e) = slice.read_into(&mut records) {
-                            tracing::error!(topic = %t.topic_name, partition = t.key.1, error = %e, "segment read failed");
-                            return PartitionResult {
-                                error_code: error::storage_code(&e),
-                                offsets: Some(offsets),
-                                records: Vec::new(),
-                                aborted: Vec::new(),
-                            };
+                    let records = match files.add(info.slices) {
+                        Ok(placeholder) => placeholder,
+                        Err(slices) => {
+                            let mut records = Vec::with_capacity(info.bytes);
+                            for slice in &slices {
+                                if let Err(e) = slice.read_into(&mut records) {
+                                    tracing::error!(topic = %t.topic_name, partition = t.key.1, error = %e, "segment read failed");
+                                    return PartitionResult {
+                                        error_code: error::storage_code(&e),
+                                        offsets: Some(offsets),
+                                        records: Bytes::new(),
+                                        aborted: Vec::new(),
+                                    };
+                                }
+                            }
+                            Bytes::from(records)
                         }
-                    }
+                    };
                     remaining = remaining.saturating_sub(records.len());
                     total += records.len();
                     PartitionResult { error_code: 0, offsets: Some(offsets), records, aborted }
                 }
                 Err(e) => {
                     let offsets = partition.offsets().ok();
-                    PartitionResult { error_code: error::partition_code(&e), offsets, records: Vec::new(), aborted: Vec::new() }
+                    PartitionResult { error_code: error::partition_code(&e), offsets, records: Bytes::new(), aborted: Vec::new() }
                 }
             }
         })
-        .collect()
+        .collect();
+    (results, files)
 }

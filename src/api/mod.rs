@@ -13,18 +13,21 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod response;
 pub mod txn;
 pub mod versions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, RequestHeader, RequestKind, ResponseHeader, ResponseKind};
+use kafka_protocol::protocol::buf::ByteBufMut;
 use kafka_protocol::protocol::{Decodable, Encodable};
 use tokio::sync::watch;
 
 use crate::broker::BrokerState;
+use response::{FileRecords, Response, ResponseBuf};
 
 /// What a connection knows about itself, for handlers.
 pub struct RequestContext {
@@ -39,8 +42,8 @@ pub struct RequestContext {
 
 /// What the connection does after a request.
 pub enum Outcome {
-    /// Send these bytes (a whole frame, size prefix included).
-    Respond(BytesMut),
+    /// Send this frame (size prefix included; fetch responses carry file regions).
+    Respond(Response),
     /// acks=0 produce: nothing is sent.
     NoResponse,
     /// Close the connection, logging the reason.
@@ -69,7 +72,7 @@ pub async fn handle(
         if api_key == ApiKey::ApiVersions {
             // KIP-511: answer with v0 and UNSUPPORTED_VERSION so the client can retry with a version we list.
             let body = api_versions::unsupported_version_response();
-            return encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body));
+            return encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body), None);
         }
         return Outcome::Close(match versions::supported_range(api_key) {
             Some((lo, hi)) => format!("{api_key:?} version {version} is not supported (supported: {lo}..={hi})"),
@@ -94,6 +97,8 @@ pub async fn handle(
         header,
         shutdown: shutdown.clone(),
     };
+    // The file slices a fetch response's records stand for (see `response`).
+    let mut files = FileRecords::default();
     let response = match request {
         RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(&ctx, r)),
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(&ctx, r)),
@@ -102,7 +107,11 @@ pub async fn handle(
             produce::ProduceOutcome::NoResponse => return Outcome::NoResponse,
             produce::ProduceOutcome::Close(reason) => return Outcome::Close(reason),
         },
-        RequestKind::Fetch(r) => ResponseKind::Fetch(fetch::handle(&ctx, r).await),
+        RequestKind::Fetch(r) => {
+            let (response, records) = fetch::handle(&ctx, r).await;
+            files = records;
+            ResponseKind::Fetch(response)
+        }
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(&ctx, r)),
         RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(admin::create_topics(&ctx, r)),
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(admin::delete_topics(&ctx, r)),
@@ -142,26 +151,62 @@ pub async fn handle(
         }
     };
     let response_header_version = api_key.response_header_version(version);
-    encode(correlation_id, response_header_version, api_key, version, &response)
+    let files = if files.is_empty() { None } else { Some(&files) };
+    encode(correlation_id, response_header_version, api_key, version, &response, files)
 }
 
-/// Encodes a response frame: size prefix, response header, body.
+/// Encodes a response frame: size prefix, response header, body. With
+/// `files`, the body's records placeholders become file regions of the frame
+/// (see [`response`]); without, the frame is one `BytesMut`.
 /// Encoding our own structs fails only on a programming error (a field set
 /// that does not exist at this version). A truncated frame would desynchronise
 /// the client, so the connection is closed instead; debug builds fail loudly.
-fn encode(correlation_id: i32, header_version: i16, api_key: ApiKey, version: i16, body: &ResponseKind) -> Outcome {
+fn encode(
+    correlation_id: i32,
+    header_version: i16,
+    api_key: ApiKey,
+    version: i16,
+    body: &ResponseKind,
+    files: Option<&FileRecords>,
+) -> Outcome {
     let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    let mut buf = BytesMut::with_capacity(64);
-    buf.put_i32(0);
-    let encoded = header.encode(&mut buf, header_version).and_then(|_| body.encode(&mut buf, version));
-    if let Err(e) = encoded {
-        tracing::error!(?api_key, version, error = %e, "response encoding failed");
-        debug_assert!(false, "{api_key:?} v{version} response encoding failed: {e}");
-        return Outcome::Close(format!("internal error encoding the {api_key:?} v{version} response"));
+    let encoded = match (files, body) {
+        (None, body) => {
+            let mut buf = BytesMut::with_capacity(64);
+            encode_frame(&mut buf, &header, header_version, |buf| body.encode(buf, version))
+                .map(|()| Response::bytes(buf))
+        }
+        // Only fetch responses carry records placeholders.
+        (Some(files), ResponseKind::Fetch(fetch)) => {
+            let mut buf = ResponseBuf::new(files);
+            encode_frame(&mut buf, &header, header_version, |buf| fetch.encode(buf, version))
+                .and_then(|()| buf.finish())
+        }
+        (Some(_), _) => Err("file regions for a response other than Fetch".to_string()),
+    };
+    match encoded {
+        Ok(response) => Outcome::Respond(response),
+        Err(e) => {
+            tracing::error!(?api_key, version, error = %e, "response encoding failed");
+            debug_assert!(false, "{api_key:?} v{version} response encoding failed: {e}");
+            Outcome::Close(format!("internal error encoding the {api_key:?} v{version} response"))
+        }
     }
-    let size = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&size.to_be_bytes());
-    Outcome::Respond(buf)
+}
+
+/// Size prefix, header, then `body` into `buf`; the size counts file regions.
+fn encode_frame<B: ByteBufMut, E: std::fmt::Display>(
+    buf: &mut B,
+    header: &ResponseHeader,
+    header_version: i16,
+    body: impl FnOnce(&mut B) -> Result<(), E>,
+) -> Result<(), String> {
+    buf.put_i32(0);
+    header.encode(buf, header_version).map_err(|e| format!("{e:#}"))?;
+    body(buf).map_err(|e| format!("{e:#}"))?;
+    let size = (buf.offset() - 4) as i32;
+    buf.range(0..4).copy_from_slice(&size.to_be_bytes());
+    Ok(())
 }
 
 /// Converts a `&str` into the protocol's string type.
