@@ -121,6 +121,9 @@ fn now_ms() -> i64 {
     crate::util::now_ms()
 }
 
+/// Threads that open one topic's partition logs side by side.
+const OPEN_THREADS: usize = 8;
+
 impl ReplicaManager {
     /// Loads metadata and opens (recovering as needed) every partition log.
     pub fn open(config: BrokerConfig) -> Result<ReplicaManager, TopicError> {
@@ -160,12 +163,37 @@ impl ReplicaManager {
         first: i32,
         count: i32,
     ) -> Result<Vec<Arc<Partition>>, TopicError> {
-        (first..count)
-            .map(|p| {
-                let log = Log::open(Self::partition_dir(config, name, p), effective.log.clone(), now_ms())?;
-                Ok(Arc::new(Partition::new(name, p, log, effective.min_insync_replicas)))
-            })
-            .collect()
+        let open = |p: i32| -> Result<Arc<Partition>, TopicError> {
+            let log = Log::open(Self::partition_dir(config, name, p), effective.log.clone(), now_ms())?;
+            Ok(Arc::new(Partition::new(name, p, log, effective.min_insync_replicas)))
+        };
+        let n = (count - first).max(0) as usize;
+        if n <= 1 {
+            return (first..count).map(open).collect();
+        }
+        // Opening a log is mostly waiting for fsyncs (new files, the
+        // checkpoint): a few threads overlap those waits, which is what makes
+        // creating the 50-partition internal topics (and start-up) fast.
+        let next = std::sync::atomic::AtomicI32::new(first);
+        let mut opened: Vec<(i32, Result<Arc<Partition>, TopicError>)> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..n.min(OPEN_THREADS))
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut done = Vec::new();
+                        loop {
+                            let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if p >= count {
+                                return done;
+                            }
+                            done.push((p, open(p)));
+                        }
+                    })
+                })
+                .collect();
+            workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
+        });
+        opened.sort_by_key(|(p, _)| *p);
+        opened.into_iter().map(|(_, r)| r).collect()
     }
 
     fn open_topic(
