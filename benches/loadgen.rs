@@ -117,6 +117,12 @@ struct Args {
     /// transaction began (the commit itself waits for every record in it).
     #[arg(long, default_value_t = 100, requires = "transactional_id")]
     commit_interval_ms: u64,
+    /// Consumers' max.partition.fetch.bytes (librdkafka's default: 1 MiB).
+    #[arg(long, default_value_t = 1_048_576)]
+    max_partition_fetch_bytes: u64,
+    /// Consumers' fetch.max.bytes (librdkafka's default: 50 MiB).
+    #[arg(long, default_value_t = 52_428_800)]
+    fetch_max_bytes: u64,
     /// --mode latency: records per second, sent on a fixed schedule.
     #[arg(long, default_value_t = 10_000)]
     rate: u64,
@@ -415,8 +421,8 @@ fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         .set("group.id", "strand-loadgen")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .set("fetch.max.bytes", "52428800")
-        .set("max.partition.fetch.bytes", "10485760")
+        .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
+        .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
         .create()
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
@@ -553,8 +559,8 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let consumer: BaseConsumer = base_config(args)
         .set("group.id", "strand-loadgen-latency")
         .set("enable.auto.commit", "false")
-        .set("fetch.max.bytes", "52428800")
-        .set("max.partition.fetch.bytes", "10485760")
+        .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
+        .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
         .create()
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
@@ -602,9 +608,11 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let consumer_thread = {
         let done = done.clone();
-        std::thread::spawn(move || -> Result<(Histogram<u64>, u64, u64), String> {
+        std::thread::spawn(move || -> Result<(Histogram<u64>, u64, (u64, u64)), String> {
             let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("histogram bounds");
             let (mut received, mut last_seq_seen) = (0u64, 0u64);
+            // The slowest record: (latency ns, send time ns since origin).
+            let mut worst = (0u64, 0u64);
             let mut idle_since = Instant::now();
             while received < total_records {
                 match consumer.poll(Duration::from_millis(50)) {
@@ -620,7 +628,11 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
                         received += 1;
                         last_seq_seen = last_seq_seen.max(seq);
                         if seq >= first_measured_seq {
-                            h.saturating_record(at.saturating_sub(sent).max(1));
+                            let latency = at.saturating_sub(sent).max(1);
+                            h.saturating_record(latency);
+                            if latency > worst.0 {
+                                worst = (latency, sent);
+                            }
                         }
                     }
                     Some(Err(e)) => return Err(format!("consumer error after {received} records: {e}")),
@@ -631,7 +643,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
                     }
                 }
             }
-            Ok((h, received, last_seq_seen))
+            Ok((h, received, worst))
         })
     };
 
@@ -660,7 +672,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let send_seconds = start.elapsed().as_secs_f64();
     producer.flush(Duration::from_secs(120)).map_err(|e| format!("flush: {e}"))?;
     done.store(true, Ordering::Relaxed);
-    let (h, received, _) = consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
+    let (h, received, worst) = consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
     let (errors, first_error) = producer.context().errors.lock().unwrap().clone();
     if errors > 0 {
         return Err(format!("{errors} records failed, first: {}", first_error.unwrap_or_default()));
@@ -689,6 +701,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         "acks": args.acks, "linger_ms": args.linger_ms, "rate": args.rate, "achieved_rate": achieved_rate,
         "behind_schedule_ms_max": behind_max.as_secs_f64() * 1e3,
         "records": total_records, "received": received, "measured": h.len(),
+        "slowest_sent_at_s": worst.1 as f64 / 1e9,
         "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1e6},
         "percentiles_ms": curve,
     }))

@@ -175,6 +175,13 @@ impl Partition {
 
     /// Periodic housekeeping: flush when due, and retention when `retention` is set.
     pub fn maintain(&self, now_ms: i64, retention: bool) -> Result<(), PartitionError> {
+        // Write back rolled segments before taking the log for the rest, so a
+        // produce never waits behind the fsync of a whole segment.
+        for file in self.with_log(|log| Ok(log.rolled_segment_files()))? {
+            if let Err(e) = file.sync_data() {
+                tracing::warn!(topic = %self.topic, partition = self.index, error = %e, "fsync of a rolled segment failed; retried under the log lock");
+            }
+        }
         self.with_log(|log| {
             log.flush_if_due(now_ms)?;
             log.expire_producers(now_ms);

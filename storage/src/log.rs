@@ -496,6 +496,19 @@ impl Log {
         Ok(())
     }
 
+    /// The files of the sealed segments that `flush_rolled_segments` would
+    /// fsync. The caller may fsync them first without holding the log (a
+    /// rolled 1 GiB segment can take a second to write back), so appends are
+    /// not stalled; `flush_rolled_segments` then finds them clean.
+    pub fn rolled_segment_files(&self) -> Vec<Arc<File>> {
+        let active_base = self.active().base_offset();
+        if self.recovery_point >= active_base {
+            return Vec::new();
+        }
+        let from = self.segments.range(..=self.recovery_point).next_back().map_or(i64::MIN, |(&b, _)| b);
+        self.segments.range(from..active_base).map(|(_, s)| Arc::clone(s.reader().0)).collect()
+    }
+
     /// fsyncs the segments that are no longer active and advances the recovery
     /// point to the active segment's base offset, as Kafka does after a roll.
     /// Without this the recovery point would only move on explicit flushes and
