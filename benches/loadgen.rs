@@ -123,6 +123,13 @@ struct Args {
     /// Consumers' fetch.max.bytes (librdkafka's default: 50 MiB).
     #[arg(long, default_value_t = 52_428_800)]
     fetch_max_bytes: u64,
+    /// Consumers' fetch.queue.backoff.ms. librdkafka's default (1000) stops
+    /// fetching for a second whenever its prefetch queue passes
+    /// queued.min.messages (100000) or queued.max.messages.kbytes, so against
+    /// a broker that answers fast the consumer idles most of the time and the
+    /// run measures that pause, not the broker; 10 ms keeps it fetching.
+    #[arg(long, default_value_t = 10)]
+    fetch_queue_backoff_ms: u64,
     /// --mode latency: records per second, sent on a fixed schedule.
     #[arg(long, default_value_t = 10_000)]
     rate: u64,
@@ -154,6 +161,8 @@ impl Args {
 
 /// Delivery-callback latency in microseconds, acknowledged records, plus error count.
 struct LatencyContext {
+    /// Time zero of the send times in the delivery opaques.
+    origin: Instant,
     histogram: Mutex<Histogram<u64>>,
     delivered: AtomicU64,
     errors: Mutex<(u64, Option<String>)>,
@@ -167,10 +176,14 @@ impl ClientContext for LatencyContext {
 }
 
 impl ProducerContext for LatencyContext {
-    type DeliveryOpaque = Box<Instant>;
+    /// The send time in nanoseconds since `origin`: carried in the opaque
+    /// pointer itself, so timing a record allocates nothing (a boxed
+    /// `Instant` per record cost a malloc and a cross-thread free, which is
+    /// load-generator work, not broker work).
+    type DeliveryOpaque = usize;
 
     fn delivery(&self, result: &DeliveryResult<'_>, sent: Self::DeliveryOpaque) {
-        let micros = sent.elapsed().as_micros().max(1) as u64;
+        let micros = (self.origin.elapsed().as_nanos() as u64).saturating_sub(sent as u64).div_ceil(1000).max(1);
         match result {
             Ok(_) => {
                 self.delivered.fetch_add(1, Ordering::Relaxed);
@@ -243,7 +256,9 @@ fn payload(args: &Args) -> Vec<u8> {
 }
 
 fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+    let origin = Instant::now();
     let context = LatencyContext {
+        origin,
         histogram: Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")),
         delivered: AtomicU64::new(0),
         errors: Mutex::new((0, None)),
@@ -281,8 +296,8 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     }
     let value = payload(args);
     if args.warmup {
-        let record =
-            BaseRecord::<(), [u8], Box<Instant>>::with_opaque_to(&args.topic, Box::new(Instant::now())).payload(&value);
+        let record = BaseRecord::<(), [u8], usize>::with_opaque_to(&args.topic, origin.elapsed().as_nanos() as usize)
+            .payload(&value);
         if transactional {
             producer.begin_transaction().map_err(|e| txn_error("begin_transaction", 0, e))?;
         }
@@ -327,8 +342,8 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
             transactions += 1;
             txn_started = Instant::now();
         }
-        let record =
-            BaseRecord::<(), [u8], Box<Instant>>::with_opaque_to(&args.topic, Box::new(Instant::now())).payload(&value);
+        let record = BaseRecord::<(), [u8], usize>::with_opaque_to(&args.topic, origin.elapsed().as_nanos() as usize)
+            .payload(&value);
         match producer.send(record) {
             Ok(()) => sent += 1,
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
@@ -423,6 +438,7 @@ fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         .set("enable.partition.eof", "true")
         .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
         .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
+        .set("fetch.queue.backoff.ms", args.fetch_queue_backoff_ms.to_string())
         .create()
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
@@ -561,6 +577,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         .set("enable.auto.commit", "false")
         .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
         .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
+        .set("fetch.queue.backoff.ms", args.fetch_queue_backoff_ms.to_string())
         .create()
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
