@@ -305,7 +305,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         if transactional {
             producer.commit_transaction(txn_timeout).map_err(|e| txn_error("commit_transaction (warm-up)", 0, e))?;
         }
-        producer.flush(Duration::from_secs(60)).map_err(|e| format!("warm-up flush: {e}"))?;
+        wait_delivered(&producer, Duration::from_secs(60)).map_err(|e| format!("warm-up flush: {e}"))?;
         let context = producer.context();
         if let (n @ 1.., first) = context.errors.lock().unwrap().clone() {
             return Err(format!("warm-up record failed ({n}): {}", first.unwrap_or_default()));
@@ -322,7 +322,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let (mut flush_total, mut end_total, mut end_max) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut commit = |n: u64| -> Result<(), String> {
         let t0 = Instant::now();
-        producer.flush(txn_timeout).map_err(|e| txn_error("flush before commit", n, e))?;
+        wait_delivered(&producer, txn_timeout).map_err(|e| format!("flush before commit in transaction {n}: {e}"))?;
         let t1 = Instant::now();
         producer.commit_transaction(txn_timeout).map_err(|e| txn_error("commit_transaction", n, e))?;
         let end = t1.elapsed();
@@ -357,7 +357,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         // commit_transaction flushes: the last record is acknowledged and committed before the clock stops.
         commit(transactions)?;
     }
-    producer.flush(Duration::from_secs(300)).map_err(|e| format!("flush: {e}"))?;
+    wait_delivered(&producer, Duration::from_secs(300)).map_err(|e| format!("flush: {e}"))?;
     let elapsed = started.elapsed().as_secs_f64();
     let context = producer.context();
     let delivered = context.delivered.load(Ordering::Relaxed);
@@ -687,7 +687,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         }
     }
     let send_seconds = start.elapsed().as_secs_f64();
-    producer.flush(Duration::from_secs(120)).map_err(|e| format!("flush: {e}"))?;
+    wait_delivered(&producer, Duration::from_secs(120)).map_err(|e| format!("flush: {e}"))?;
     done.store(true, Ordering::Relaxed);
     let (h, received, worst) = consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
     let (errors, first_error) = producer.context().errors.lock().unwrap().clone();
@@ -790,4 +790,21 @@ fn delete_topics(args: &Args) -> Result<serde_json::Value, String> {
     }
     println!("deleted {}", topics.join(","));
     Ok(serde_json::json!({"mode": "delete-topic", "topics": topics}))
+}
+
+/// Waits until every record sent so far has been acknowledged (or failed) and
+/// its delivery report handled. Not `Producer::flush`: with a
+/// `ThreadedProducer`, rdkafka's flush polls the main queue for up to 100 ms
+/// per round while the producer's own thread takes the delivery reports, so
+/// every flush (each commit, the end of each run) lasted at least 100 ms
+/// whatever the broker did. Checking the out-queue every 100 us costs nothing.
+fn wait_delivered<C: ProducerContext>(producer: &ThreadedProducer<C>, timeout: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + timeout;
+    while producer.in_flight_count() > 0 {
+        if Instant::now() > deadline {
+            return Err(format!("{} records not acknowledged within {timeout:?}", producer.in_flight_count()));
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    Ok(())
 }
