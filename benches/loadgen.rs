@@ -505,6 +505,10 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// What the latency mode's consumer thread saw: the latency histogram (ns),
+/// records received, and the slowest record as (latency ns, send time ns).
+type ConsumerTally = (Histogram<u64>, u64, (u64, u64));
+
 /// Quantiles reported for `--mode latency` (and plotted by benches/compare).
 const LATENCY_QUANTILES: [f64; 13] = [0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999];
 
@@ -625,7 +629,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let consumer_thread = {
         let done = done.clone();
-        std::thread::spawn(move || -> Result<(Histogram<u64>, u64, (u64, u64)), String> {
+        std::thread::spawn(move || -> Result<ConsumerTally, String> {
             let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000_000, 3).expect("histogram bounds");
             let (mut received, mut last_seq_seen) = (0u64, 0u64);
             // The slowest record: (latency ns, send time ns since origin).
