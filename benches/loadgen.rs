@@ -431,11 +431,13 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     Ok(json)
 }
 
-fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+/// A consumer assigned every partition of `--topic` from `start` (no group
+/// membership, no commits), with the fetch settings given on the command line.
+fn assigned_consumer(args: &Args, partitions: i32, start: Offset, eof: bool) -> Result<BaseConsumer, String> {
     let consumer: BaseConsumer = base_config(args)
         .set("group.id", "strand-loadgen")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
+        .set("enable.partition.eof", eof.to_string())
         .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
         .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
         .set("fetch.queue.backoff.ms", args.fetch_queue_backoff_ms.to_string())
@@ -443,9 +445,14 @@ fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         .map_err(|e| e.to_string())?;
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(&args.topic, p, Offset::Beginning).map_err(|e| e.to_string())?;
+        tpl.add_partition_offset(&args.topic, p, start).map_err(|e| e.to_string())?;
     }
     consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    Ok(consumer)
+}
+
+fn consume(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
+    let consumer = assigned_consumer(args, partitions, Offset::Beginning, true)?;
     let started = Instant::now();
     let (mut records, mut bytes, mut at_end) = (0u64, 0u64, std::collections::HashSet::new());
     let mut idle_since = Instant::now();
@@ -576,19 +583,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let measured_records = (measured.as_secs_f64() * args.rate as f64).round() as u64;
     let first_measured_seq = total_records - measured_records;
 
-    let consumer: BaseConsumer = base_config(args)
-        .set("group.id", "strand-loadgen-latency")
-        .set("enable.auto.commit", "false")
-        .set("fetch.max.bytes", args.fetch_max_bytes.to_string())
-        .set("max.partition.fetch.bytes", args.max_partition_fetch_bytes.to_string())
-        .set("fetch.queue.backoff.ms", args.fetch_queue_backoff_ms.to_string())
-        .create()
-        .map_err(|e| e.to_string())?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(&args.topic, p, Offset::End).map_err(|e| e.to_string())?;
-    }
-    consumer.assign(&tpl).map_err(|e| e.to_string())?;
+    let consumer = assigned_consumer(args, partitions, Offset::End, false)?;
 
     let context = CountingContext { delivered: AtomicU64::new(0), errors: Mutex::new((0, None)) };
     let producer: ThreadedProducer<CountingContext> =
