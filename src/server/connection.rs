@@ -190,7 +190,6 @@ mod tests {
     use std::fs::File;
     use std::io::Write;
     use std::path::PathBuf;
-    use std::time::Duration;
 
     use strand_storage::FileSlice;
     use tokio::io::AsyncReadExt;
@@ -236,9 +235,10 @@ mod tests {
         tx.send(first).await.unwrap();
         tx.send(Response::bytes(BytesMut::from(&b"next"[..]))).await.unwrap();
         drop(tx);
+        // The 6 MiB region is larger than any socket buffer, so the writer
+        // meets a full socket (partial sends, waits for writability) whatever
+        // the timing of the reads below.
         let writer = tokio::spawn(write_loop(write, rx, peer));
-        // Let the writer fill the socket buffer before reading anything.
-        tokio::time::sleep(Duration::from_millis(100)).await;
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
         writer.await.unwrap();
