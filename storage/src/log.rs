@@ -959,6 +959,12 @@ impl Log {
         }
         crate::checkpoint::sync_dir(&self.dir)?;
         self.cleaner_offset = self.cleaner_offset.max(cleaned.clean_end);
+        // Every segment below clean_end was rewritten and fsynced, so those
+        // offsets are durable now. Without this, recovery after a crash would
+        // take damage in a cleaned segment past the old recovery point for a
+        // torn tail, and the batch before it may end below that recovery
+        // point (compaction gaps), which recovery reports as lost flushed data.
+        self.recovery_point = self.recovery_point.max(cleaned.clean_end);
         self.write_checkpoint(false)?;
         let stats = cleaned.stats;
         info!(
@@ -1134,6 +1140,21 @@ mod tests {
         assert!(log.flush_rolled_segments().unwrap());
         assert_eq!(log.recovery_point(), active_base);
         // The checkpoint carries it: a crash (drop without close) recovers from there.
+        drop(log);
+        let cp = Checkpoint::read(dir.path()).unwrap().unwrap();
+        assert_eq!(cp.recovery_point, active_base);
+    }
+
+    #[test]
+    fn cleaning_advances_the_recovery_point_over_what_it_rewrote() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), LogConfig { cleanup_compact: true, ..config() }, 0).unwrap();
+        append_n(&mut log, 40, 1_000);
+        log.roll(2_000).unwrap();
+        let active_base = *log.segments.keys().next_back().unwrap();
+        assert!(log.recovery_point() < active_base, "nothing flushed yet");
+        log.clean(2_000, true).unwrap();
+        assert_eq!(log.recovery_point(), active_base);
         drop(log);
         let cp = Checkpoint::read(dir.path()).unwrap().unwrap();
         assert_eq!(cp.recovery_point, active_base);

@@ -403,10 +403,55 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// 128 cases from a fixed seed, so a CI run is repeatable; set
+/// PROPTEST_RNG_SEED (printed on failure with the shrunk case) and
+/// PROPTEST_CASES to explore further.
+fn model_config() -> ProptestConfig {
+    let mut config = ProptestConfig::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = 128;
+    }
+    if matches!(config.rng_seed, proptest::test_runner::RngSeed::Random) {
+        config.rng_seed = proptest::test_runner::RngSeed::Fixed(FIXED_SEED);
+    }
+    eprintln!("model test: {} cases, seed {:?}", config.cases, config.rng_seed);
+    config
+}
+
+const FIXED_SEED: u64 = 0x5747_414e_4400_0001;
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+    #![proptest_config(model_config())]
     #[test]
     fn log_matches_model(ops in prop::collection::vec(op(), 1..60)) {
         run(ops)?;
     }
+}
+
+/// A cleaning pass rewrites (and fsyncs) batches past the recovery point. A
+/// crash that then damages such a batch must not be taken for a torn tail
+/// whose predecessor (before a compaction gap) ends below the recovery
+/// point: the clean advances the recovery point, and the model only damages
+/// what lies past it. Found by proptest in CI; spelled out here so it runs
+/// whatever the seed.
+#[test]
+fn damage_after_a_clean_past_the_old_recovery_point() {
+    let ops = vec![
+        // Offsets 0-3, keys 1,4,1,4.
+        Op::Append(vec![(4, 1, 0)]),
+        // Offsets 4-6, keys 0,3,0: the 7th message flushes (recovery point 7).
+        Op::Append(vec![(3, 6, 0)]),
+        // Offsets 7-8, keys 0,3: supersede all of 4-6, leaving a gap before 7
+        // (the cleaner writes the two survivors as batches 7 and 8).
+        Op::Append(vec![(2, 6, 0)]),
+        // Offset 9, key 1.
+        Op::Append(vec![(1, 7, 0)]),
+        Op::Clean,
+        // Drops offset 9 and the empty active segment: the cleaned segment is last.
+        Op::Truncate(9),
+        // Without the fix: the batch at offset 7 is garbled, recovery finds the
+        // log ending at 4 and reports CorruptBehindRecoveryPoint(7).
+        Op::Crash(Damage::Garble(1, 0)),
+    ];
+    run(ops).unwrap();
 }
