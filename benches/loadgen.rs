@@ -513,8 +513,9 @@ fn main() -> std::process::ExitCode {
 }
 
 /// What the latency mode's consumer thread saw: the latency histogram (ns),
-/// records received, and the slowest record as (latency ns, send time ns).
-type ConsumerTally = (Histogram<u64>, u64, (u64, u64));
+/// records received, the slowest record as (latency ns, send time ns), and
+/// the slowest latency (ns) per timeline bucket of send time.
+type ConsumerTally = (Histogram<u64>, u64, (u64, u64), Vec<u64>);
 
 /// Quantiles reported for `--mode latency` (and plotted by benches/compare).
 const LATENCY_QUANTILES: [f64; 13] = [0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.998, 0.999, 0.9995, 0.9999];
@@ -565,6 +566,9 @@ impl ProducerContext for CountingContext {
         }
     }
 }
+
+/// Width of the buckets of the latency mode's timeline (slowest record by send time).
+const TIMELINE_BUCKET_NS: u64 = 250_000_000;
 
 fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     if args.record_size < 16 {
@@ -629,6 +633,9 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
             let (mut received, mut last_seq_seen) = (0u64, 0u64);
             // The slowest record: (latency ns, send time ns since origin).
             let mut worst = (0u64, 0u64);
+            // The slowest latency per TIMELINE_BUCKET_NS of send time, so
+            // stalls can be lined up with the broker's log (rolls, flushes).
+            let mut timeline: Vec<u64> = Vec::new();
             let mut idle_since = Instant::now();
             while received < total_records {
                 match consumer.poll(Duration::from_millis(50)) {
@@ -649,6 +656,11 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
                             if latency > worst.0 {
                                 worst = (latency, sent);
                             }
+                            let bucket = (sent / TIMELINE_BUCKET_NS) as usize;
+                            if timeline.len() <= bucket {
+                                timeline.resize(bucket + 1, 0);
+                            }
+                            timeline[bucket] = timeline[bucket].max(latency);
                         }
                     }
                     Some(Err(e)) => return Err(format!("consumer error after {received} records: {e}")),
@@ -659,7 +671,7 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
                     }
                 }
             }
-            Ok((h, received, worst))
+            Ok((h, received, worst, timeline))
         })
     };
 
@@ -688,7 +700,8 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let send_seconds = start.elapsed().as_secs_f64();
     wait_delivered(&producer, Duration::from_secs(120)).map_err(|e| format!("flush: {e}"))?;
     done.store(true, Ordering::Relaxed);
-    let (h, received, worst) = consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
+    let (h, received, worst, timeline) =
+        consumer_thread.join().map_err(|_| "consumer thread panicked".to_string())??;
     let (errors, first_error) = producer.context().errors.lock().unwrap().clone();
     if errors > 0 {
         return Err(format!("{errors} records failed, first: {}", first_error.unwrap_or_default()));
@@ -720,6 +733,8 @@ fn latency(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         "slowest_sent_at_s": worst.1 as f64 / 1e9,
         "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1e6},
         "percentiles_ms": curve,
+        "timeline_bucket_s": TIMELINE_BUCKET_NS as f64 / 1e9,
+        "max_ms_by_send_time": timeline.iter().map(|&ns| (ns as f64 / 1e4).round() / 100.0).collect::<Vec<_>>(),
     }))
 }
 
