@@ -53,7 +53,17 @@ pub async fn run(
                 break;
             }
         };
-        match api::handle(&state, &listener, peer, frame, &shutdown).await {
+        // Kafka's request log, at trace level (RUST_LOG=strand::server::connection=trace):
+        // which request, how big, and how long it took to handle.
+        let request_log = tracing::enabled!(tracing::Level::TRACE).then(|| {
+            (std::time::Instant::now(), frame.get(..2).map(|k| i16::from_be_bytes([k[0], k[1]])), frame.len())
+        });
+        let outcome = api::handle(&state, &listener, peer, frame, &shutdown).await;
+        if let Some((started, api_key, bytes)) = request_log {
+            let handled_us = started.elapsed().as_micros() as u64;
+            tracing::trace!(%peer, ?api_key, bytes, handled_us, "request");
+        }
+        match outcome {
             Outcome::Respond(response) => {
                 if tx.send(response).await.is_err() {
                     break;
