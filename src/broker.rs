@@ -108,6 +108,9 @@ impl Broker {
             tasks.spawn(crate::server::serve(state.clone(), socket, name, shutdown_rx.clone(), permits.clone()));
         }
         tasks.spawn(housekeeping(state.clone(), shutdown_rx.clone()));
+        if config.scrub.enable {
+            tasks.spawn(scrubber(state.clone(), shutdown_rx.clone()));
+        }
         if config.cleaner.enable {
             tasks.spawn(cleaner(state.clone(), shutdown_rx.clone()));
         }
@@ -129,7 +132,9 @@ async fn housekeeping(state: Arc<BrokerState>, mut shutdown: watch::Receiver<boo
     let retention_every = Duration::from_millis(state.config().log_retention_check_interval_ms);
     let mut tick = tokio::time::interval(Duration::from_millis(1000).min(retention_every));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let checkpoint_every = Duration::from_millis(state.config().log_flush_offset_checkpoint_interval_ms);
     let mut last_retention = Instant::now();
+    let mut last_checkpoint = Instant::now();
     loop {
         tokio::select! {
             _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
@@ -139,8 +144,36 @@ async fn housekeeping(state: Arc<BrokerState>, mut shutdown: watch::Receiver<boo
         if retention {
             last_retention = Instant::now();
         }
+        let checkpoint = last_checkpoint.elapsed() >= checkpoint_every;
+        if checkpoint {
+            last_checkpoint = Instant::now();
+        }
         let s = state.clone();
-        let _ = tokio::task::spawn_blocking(move || s.replicas.maintain(retention)).await;
+        let _ = tokio::task::spawn_blocking(move || s.replicas.maintain(retention, checkpoint)).await;
+    }
+}
+
+/// The scrubber (`log.scrub.*`): passes over every partition's cold
+/// segments on a blocking thread at a bounded read rate; when a pass finds
+/// nothing due it waits a while before looking again.
+async fn scrubber(state: Arc<BrokerState>, mut shutdown: watch::Receiver<bool>) {
+    const IDLE: Duration = Duration::from_secs(10);
+    loop {
+        let s = state.clone();
+        let stop = shutdown.clone();
+        let verified = tokio::task::spawn_blocking(move || {
+            let scrub = s.config().scrub.clone();
+            s.replicas.scrub(&scrub, &|| *stop.borrow())
+        })
+        .await
+        .unwrap_or(0);
+        if verified > 0 {
+            continue;
+        }
+        tokio::select! {
+            _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
+            _ = tokio::time::sleep(IDLE) => {}
+        }
     }
 }
 

@@ -56,6 +56,28 @@ impl Listener {
 }
 
 /// The broker's settings. Field names follow Kafka's keys; units come last.
+/// The scrubber: re-reads cold segments (every sealed segment, and the part
+/// of the active one written before this process opened it) and checks each
+/// batch's CRC-32C and offsets, at a bounded read rate; a damaged partition
+/// is taken offline (KAFKA_STORAGE_ERROR) rather than served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrubConfig {
+    /// `log.scrub.enable` (true).
+    pub enable: bool,
+    /// `log.scrub.bytes.per.second` (16 MiB/s): the scrubber's read rate.
+    pub bytes_per_second: u64,
+    /// `log.scrub.interval.ms` (7 days): a segment is verified again this
+    /// long after its last verification. Segments found on disk at start-up
+    /// and not verified by recovery are verified first.
+    pub interval_ms: i64,
+}
+
+impl Default for ScrubConfig {
+    fn default() -> Self {
+        ScrubConfig { enable: true, bytes_per_second: 16 << 20, interval_ms: 7 * 24 * 3600 * 1000 }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
     pub node_id: i32,
@@ -73,6 +95,12 @@ pub struct BrokerConfig {
     pub log_cleanup_policy: String,
     pub min_insync_replicas: i32,
     pub log_retention_check_interval_ms: u64,
+    /// `log.flush.offset.checkpoint.interval.ms`: how often unflushed data is
+    /// fsynced in the background and the recovery point persisted, so a
+    /// crash recovers only what came after.
+    pub log_flush_offset_checkpoint_interval_ms: u64,
+    /// `log.scrub.*`: the background verifier of cold segments.
+    pub scrub: ScrubConfig,
     pub socket_request_max_bytes: usize,
     pub max_connections: usize,
     /// Tokio worker threads; `num.io.threads` in Kafka terms. 0 = one per core.
@@ -174,6 +202,8 @@ impl Default for BrokerConfig {
             log_cleanup_policy: "delete".into(),
             min_insync_replicas: 1,
             log_retention_check_interval_ms: 300_000,
+            log_flush_offset_checkpoint_interval_ms: 60_000,
+            scrub: ScrubConfig::default(),
             socket_request_max_bytes: 104_857_600,
             max_connections: 10_000,
             num_io_threads: 0,
@@ -318,6 +348,15 @@ impl BrokerConfig {
                     config.log.flush_interval_ms = parse_int(value, 0, i64::MAX).map_err(invalid)?
                 }
                 "log.flush.scheduler.interval.ms" => {}
+                "log.flush.offset.checkpoint.interval.ms" => {
+                    config.log_flush_offset_checkpoint_interval_ms =
+                        parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "log.scrub.enable" => config.scrub.enable = parse_bool(value).map_err(invalid)?,
+                "log.scrub.bytes.per.second" => {
+                    config.scrub.bytes_per_second = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
+                }
+                "log.scrub.interval.ms" => config.scrub.interval_ms = parse_int(value, 1, i64::MAX).map_err(invalid)?,
                 "log.retention.check.interval.ms" => {
                     config.log_retention_check_interval_ms = parse_int(value, 1, i64::MAX).map_err(invalid)? as u64
                 }

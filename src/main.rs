@@ -1,4 +1,5 @@
 //! `strand [--config FILE | FILE] [--override key=value ...]`
+//! `strand --repair-log PARTITION_DIR [--truncate]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -18,6 +19,15 @@ struct Args {
     /// Overrides a config key, like kafka-server-start.sh --override.
     #[arg(long = "override", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    /// Instead of starting the broker: re-read every segment of one
+    /// partition directory (the broker stopped) and report the first
+    /// damaged batch. Start-up refuses damage that is not a torn tail.
+    #[arg(long, value_name = "PARTITION_DIR")]
+    repair_log: Option<PathBuf>,
+    /// With --repair-log: cut the log at the damage, deleting every later
+    /// segment (the records there are lost), so the broker starts again.
+    #[arg(long, requires = "repair_log")]
+    truncate: bool,
 }
 
 fn main() -> ExitCode {
@@ -34,6 +44,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(dir) = args.repair_log {
+        return repair_log(&dir, args.truncate, config.log);
+    }
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.num_io_threads > 0 {
         runtime.worker_threads(config.num_io_threads);
@@ -58,6 +71,52 @@ fn main() -> ExitCode {
         broker.shutdown().await;
         ExitCode::SUCCESS
     })
+}
+
+/// `--repair-log`: report (and with `truncate`, cut at) a partition's first damaged batch.
+fn repair_log(dir: &std::path::Path, truncate: bool, log_config: strand_storage::LogConfig) -> ExitCode {
+    if !dir.join("checkpoint").exists() {
+        eprintln!("strand: {} is not a partition directory (no checkpoint file)", dir.display());
+        return ExitCode::from(2);
+    }
+    let damage = match strand_storage::find_damage(dir) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("strand: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let Some(cut) = damage else {
+        println!("{}: no damaged batch", dir.display());
+        return ExitCode::SUCCESS;
+    };
+    println!(
+        "{}: damaged batch in {} at byte {}: {}\ncutting there keeps offsets below {} and deletes {} later segment(s)",
+        dir.display(),
+        cut.file.display(),
+        cut.position,
+        cut.reason,
+        cut.offset,
+        cut.segments_deleted
+    );
+    if !truncate {
+        println!("nothing changed; run again with --truncate to cut the log");
+        return ExitCode::from(1);
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    match strand_storage::Log::repair(dir, log_config, now).and_then(|(log, _)| {
+        let end = log.log_end_offset();
+        log.close().map(|()| end)
+    }) {
+        Ok(end) => {
+            println!("truncated: the log now ends at offset {end}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("strand: repair failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 async fn wait_for_signal() {

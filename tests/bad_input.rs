@@ -468,3 +468,132 @@ async fn huge_array_length_closes_the_connection() {
     }
     f.finish("huge array length").await;
 }
+
+/// Rewrites the CRC-32C of a batch after a test changed its header or records.
+fn fix_crc(batch: &mut [u8]) {
+    let end = (12 + i32::from_be_bytes(batch[8..12].try_into().unwrap()) as usize).min(batch.len());
+    let crc = crc32c::crc32c(&batch[21..end]);
+    batch[17..21].copy_from_slice(&crc.to_be_bytes());
+}
+
+fn set_i32(batch: &mut [u8], at: usize, v: i32) {
+    batch[at..at + 4].copy_from_slice(&v.to_be_bytes());
+}
+
+/// A one-record batch whose record says offset delta `offset_delta`.
+fn batch_with_offset_deltas(deltas: &[u8]) -> Vec<u8> {
+    let values: Vec<&[u8]> = deltas.iter().map(|_| b"v".as_slice()).collect();
+    let mut b = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &values);
+    // Each record is: len(1) attrs(1) ts delta(1) offset delta(1) key(1) value len(1) value(1) headers(1).
+    for (i, &d) in deltas.iter().enumerate() {
+        b[61 + i * 8 + 3] = d * 2; // zigzag
+    }
+    fix_crc(&mut b);
+    b
+}
+
+/// (j) Batches whose header or records are inconsistent are refused as Kafka's
+/// LogValidator refuses them (INVALID_RECORD, 87), all with a correct CRC, and
+/// nothing is written: a record count other than lastOffsetDelta + 1 (the
+/// absurd lastOffsetDelta = 2^31 - 1 that used to move the log end by 2^31
+/// and roll a segment per request), offset deltas that skip, records that
+/// overrun or underfill the batch, a maxTimestamp no record has, and a
+/// compressed batch claiming more records than its bytes can hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inconsistent_batches_are_invalid_record_and_write_nothing() {
+    use kafka_protocol::records::{Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType};
+    const INVALID_RECORD: i16 = 87;
+    let f = Fixture::new().await;
+    let mut c = f.conn().await;
+    let good = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"one", b"two", b"three"]);
+    assert_eq!(produce(&mut c, 9, TOPIC, 0, good.clone()).await, (0, 0));
+
+    let mut cases: Vec<(&str, Vec<u8>)> = Vec::new();
+    let mut absurd = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"x"]);
+    set_i32(&mut absurd, 23, i32::MAX);
+    fix_crc(&mut absurd);
+    cases.push(("lastOffsetDelta 2^31-1 with one record", absurd.clone()));
+    let mut gap = good.clone();
+    set_i32(&mut gap, 23, 5);
+    fix_crc(&mut gap);
+    cases.push(("3 records, lastOffsetDelta 5", gap));
+    let mut fewer = good.clone();
+    set_i32(&mut fewer, 57, 2);
+    fix_crc(&mut fewer);
+    cases.push(("recordCount 2 for 3 records", fewer));
+    let mut zero = good.clone();
+    set_i32(&mut zero, 57, 0);
+    set_i32(&mut zero, 23, -1);
+    fix_crc(&mut zero);
+    cases.push(("no records, lastOffsetDelta -1", zero));
+    cases.push(("offset deltas 0, 2, 3", batch_with_offset_deltas(&[0, 2, 3])));
+    cases.push(("offset deltas 0, 1, 1", batch_with_offset_deltas(&[0, 1, 1])));
+    let mut overrun = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"v"]);
+    overrun[61] = 40; // record length 20 (zigzag), the batch has 7 bytes after it
+    fix_crc(&mut overrun);
+    cases.push(("record length past the batch", overrun));
+    let mut trailing = strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"v"]);
+    trailing.extend_from_slice(&[0, 0, 0]);
+    let len = trailing.len() as i32 - 12;
+    set_i32(&mut trailing, 8, len);
+    fix_crc(&mut trailing);
+    cases.push(("bytes after the last record", trailing));
+    let mut max_ts = good.clone();
+    max_ts[35..43].copy_from_slice(&1_800_000_000_000i64.to_be_bytes());
+    fix_crc(&mut max_ts);
+    cases.push(("maxTimestamp above every record", max_ts));
+    // A gzip batch of 2 records claiming 2^31 - 1.
+    let record = |offset: i64| Record {
+        transactional: false,
+        delete_horizon: false,
+        control: false,
+        partition_leader_epoch: 0,
+        producer_id: -1,
+        producer_epoch: -1,
+        timestamp_type: TimestampType::Creation,
+        offset,
+        sequence: -1,
+        timestamp: 1_700_000_000_000,
+        key: None,
+        value: Some(Bytes::from_static(b"compressed")),
+        headers: Default::default(),
+    };
+    let mut gz = BytesMut::new();
+    RecordBatchEncoder::encode(
+        &mut gz,
+        &[record(0), record(1)],
+        &RecordEncodeOptions { version: 2, compression: Compression::Gzip },
+    )
+    .unwrap();
+    let gz_good = gz.to_vec();
+    let mut gz_bomb = gz_good.clone();
+    set_i32(&mut gz_bomb, 23, i32::MAX - 1);
+    set_i32(&mut gz_bomb, 57, i32::MAX);
+    fix_crc(&mut gz_bomb);
+    cases.push(("gzip batch claiming 2^31-1 records", gz_bomb));
+
+    for (case, batch) in cases {
+        let (code, _) = produce(&mut c, 9, TOPIC, 0, batch.clone()).await;
+        assert_eq!(code, INVALID_RECORD, "{case}");
+        // Also when it follows a valid batch in the same request.
+        let (code, _) = produce(&mut c, 9, TOPIC, 0, [good.clone(), batch].concat()).await;
+        assert_eq!(code, INVALID_RECORD, "valid batch + {case}");
+        assert_eq!(latest_offset(&mut c, TOPIC).await, 3, "nothing appended: {case}");
+    }
+    // The probe that exhausted file descriptors: hundreds of absurd batches
+    // roll no segment and move no offset.
+    for _ in 0..600 {
+        assert_eq!(produce(&mut c, 9, TOPIC, 0, absurd.clone()).await.0, INVALID_RECORD);
+    }
+    let segments = std::fs::read_dir(f.broker.partition_dir(TOPIC, 0))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".log"))
+        .count();
+    assert_eq!(segments, 1, "no segment rolled");
+    // A consistent compressed batch is accepted and lands at the next offset.
+    assert_eq!(produce(&mut c, 9, TOPIC, 0, gz_good).await, (0, 3));
+    let got = common::consume(&f.broker.bootstrap(), TOPIC, 0, 0, 5, Duration::from_secs(20)).await;
+    let values: Vec<&[u8]> = got.iter().map(|(_, v)| v.as_slice()).collect();
+    assert_eq!(values, [b"one".as_slice(), b"two", b"three", b"compressed", b"compressed"]);
+    f.finish("inconsistent batches").await;
+}

@@ -409,3 +409,198 @@ async fn corrupt_byte_behind_recovery_point_refuses_start() {
     assert_eq!(verify_partition(&broker.bootstrap(), topic, 0, &first).await, 3000);
     broker.stop();
 }
+
+/// CRC-32 (IEEE), as the storage checkpoint uses (crc32fast in the broker).
+fn crc32_ieee(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= b as u32;
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+/// Rewrites the checkpoint as a crash before any flush leaves it: unclean,
+/// recovery point `recovery_point` (storage/src/checkpoint.rs, version 2).
+fn write_unclean_checkpoint(dir: &Path, recovery_point: i64) {
+    let mut b = std::fs::read(dir.join("checkpoint")).expect("checkpoint file");
+    assert_eq!((&b[0..4], b.len()), (&b"SCKP"[..], 35));
+    b[6] = 0;
+    b[7..15].copy_from_slice(&recovery_point.to_be_bytes());
+    let crc = crc32_ieee(&b[..31]);
+    b[31..35].copy_from_slice(&crc.to_be_bytes());
+    std::fs::write(dir.join("checkpoint"), b).unwrap();
+}
+
+/// Runs `strand --repair-log dir [--truncate]`; returns (exit code, stdout).
+fn repair_log(dir: &Path, truncate: bool) -> (i32, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_strand"));
+    cmd.arg("--repair-log").arg(dir);
+    if truncate {
+        cmd.arg("--truncate");
+    }
+    let out = cmd.output().expect("run strand --repair-log");
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Consumes `topic`-0 from 0 with librdkafka's default check.crcs=false (what
+/// most applications run) until the broker has logged that the partition is
+/// offline and `expected` records have arrived; then polls one more second to
+/// see that nothing else arrives. Returns what was delivered.
+fn consume_until_offline(broker: &ChildBroker, topic: &str, expected: usize) -> Vec<(i64, Vec<u8>)> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = common::base_config(&broker.bootstrap())
+        .set("group.id", "damage")
+        .set("enable.auto.commit", "false")
+        .set("check.crcs", "false")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(0)).unwrap();
+    consumer.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut settle: Option<Instant> = None;
+    loop {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            got.push((m.offset(), m.payload().unwrap_or_default().to_vec()));
+        }
+        if settle.is_none() && got.len() >= expected && broker.stderr().contains("partition taken offline") {
+            settle = Some(Instant::now() + Duration::from_secs(1));
+        }
+        if settle.is_some_and(|s| Instant::now() >= s) {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {expected} records, offline logged: {}; stderr:\n{}",
+            got.len(),
+            broker.stderr().contains("partition taken offline"),
+            broker.stderr()
+        );
+    }
+}
+
+/// Damage in a sealed segment after a clean shutdown (not re-read at
+/// start-up) is never served: a flipped byte inside a record, or in a
+/// batch's base offset (outside the CRC). A fetch that reaches it, or the
+/// background scrubber without any fetch, takes the partition offline with a
+/// log line naming the file and the repair command; librdkafka with
+/// check.crcs=false receives exactly the records before the damaged segment,
+/// each as produced. `strand --repair-log` reports the damage and changes
+/// nothing; with `--truncate` it cuts there, and the broker serves every
+/// record below the cut and takes new ones after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_in_a_sealed_segment_is_never_served() {
+    for (case, scrub, header_byte) in [
+        ("record byte, fetch", false, false),
+        ("base offset, fetch", false, true),
+        ("record byte, scrubber", true, false),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut broker = ChildBroker::new(tmp.path());
+        broker.set_properties(&[if scrub { "log.scrub.enable=true" } else { "log.scrub.enable=false" }]);
+        broker.start();
+        let topic = "sealed";
+        common::create_topic(&broker.bootstrap(), topic, 1, &[("segment.bytes", "65536")]).await;
+        let acked = produce_all(&broker.bootstrap(), topic, 3000, "sealed").await;
+        broker.stop();
+        let dir = broker.partition_dir(topic, 0);
+        let files = segment_files(&dir);
+        assert!(files.len() >= 3, "{case}: several segments: {files:?}");
+        let victim_file = files[1].clone();
+        let segment_batches = batches(&victim_file);
+        let victim = segment_batches[segment_batches.len() / 2];
+        let at = if header_byte { victim.position + 1 } else { victim.position + victim.bytes - 10 };
+        let mut data = std::fs::read(&victim_file).unwrap();
+        data[at as usize] ^= 0x5a;
+        std::fs::write(&victim_file, &data).unwrap();
+        println!("{case}: flipped byte {at} of {}", victim_file.display());
+
+        broker.start();
+        let first_damaged = segment_batches[0].base_offset as usize;
+        if scrub {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !broker.stderr().contains("partition taken offline") {
+                assert!(Instant::now() < deadline, "{case}: scrubber found nothing; stderr:\n{}", broker.stderr());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        } else {
+            let got = consume_until_offline(&broker, topic, first_damaged);
+            assert_eq!(got.len(), first_damaged, "{case}: exactly the records before the damaged segment");
+            for (offset, value) in &got {
+                assert_eq!(value, &acked[*offset as usize].2, "{case}: record {offset} as produced");
+            }
+        }
+        let stderr = broker.stderr();
+        assert!(stderr.contains(&victim_file.display().to_string()), "{case}: names the file; stderr:\n{stderr}");
+        assert!(stderr.contains("--repair-log"), "{case}: says how to repair; stderr:\n{stderr}");
+        broker.stop();
+
+        let (code, out) = repair_log(&dir, false);
+        assert_eq!(code, 1, "{case}: damage reported: {out}");
+        assert!(out.contains(&victim_file.display().to_string()) && out.contains("nothing changed"), "{out}");
+        assert_eq!(segment_files(&dir), files, "{case}: a report changes nothing");
+        let (code, out) = repair_log(&dir, true);
+        assert_eq!(code, 0, "{case}: {out}");
+        broker.start();
+        let (low, high) = common::watermarks(&broker.bootstrap(), topic, 0).await;
+        assert_eq!(low, 0);
+        assert!(high >= first_damaged as i64 && high <= victim.base_offset, "{case}: cut at {high}");
+        let kept: Acked = acked.iter().filter(|(_, o, _)| *o < high).cloned().collect();
+        verify_partition(&broker.bootstrap(), topic, 0, &kept).await;
+        let more = produce_all(&broker.bootstrap(), topic, 10, "after").await;
+        assert_eq!(more[0].1, high, "{case}: new records follow the cut");
+        broker.stop();
+    }
+}
+
+/// After kill -9 with the recovery point behind several unflushed segments,
+/// damage in one that is not the last is not a torn tail: start-up exits
+/// non-zero naming the file and byte, and the later, intact segments (which
+/// hold acknowledged records) are all still on disk; `--repair-log
+/// --truncate` then cuts there on purpose and the broker starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn damage_before_the_last_unflushed_segment_refuses_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut broker = ChildBroker::new(tmp.path());
+    broker.start();
+    let topic = "unflushed";
+    common::create_topic(&broker.bootstrap(), topic, 1, &[("segment.bytes", "65536")]).await;
+    let acked = produce_all(&broker.bootstrap(), topic, 3000, "unflushed").await;
+    broker.kill();
+    let dir = broker.partition_dir(topic, 0);
+    // As if the crash came before housekeeping flushed anything.
+    write_unclean_checkpoint(&dir, 0);
+    let files = segment_files(&dir);
+    assert!(files.len() >= 4, "several segments: {files:?}");
+    let victim_file = files[1].clone();
+    let victim = batches(&victim_file)[3];
+    let mut data = std::fs::read(&victim_file).unwrap();
+    data[(victim.position + victim.bytes - 10) as usize] ^= 0xff;
+    std::fs::write(&victim_file, &data).unwrap();
+    let sizes: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).collect();
+
+    broker.spawn();
+    let status = broker.wait_exit(Duration::from_secs(60));
+    let stderr = broker.stderr();
+    assert!(!status.success(), "start-up must fail; stderr:\n{stderr}");
+    assert!(stderr.contains("not a torn tail"), "stderr:\n{stderr}");
+    assert!(stderr.contains(&victim_file.display().to_string()), "names the file; stderr:\n{stderr}");
+    assert!(stderr.contains(&format!("at byte {}", victim.position)), "names the byte; stderr:\n{stderr}");
+    assert_eq!(segment_files(&dir), files, "no segment deleted");
+    let after: Vec<u64> = files.iter().map(|f| std::fs::metadata(f).unwrap().len()).collect();
+    assert_eq!(after, sizes, "no segment cut");
+
+    let (code, out) = repair_log(&dir, true);
+    assert_eq!(code, 0, "{out}");
+    broker.start();
+    let (_, high) = common::watermarks(&broker.bootstrap(), topic, 0).await;
+    assert_eq!(high, victim.base_offset, "cut at the damaged batch");
+    let kept: Acked = acked.iter().filter(|(_, o, _)| *o < high).cloned().collect();
+    verify_partition(&broker.bootstrap(), topic, 0, &kept).await;
+    broker.stop();
+}

@@ -182,6 +182,11 @@ async fn duplicates_gaps_and_stale_epochs_on_the_wire() {
     assert_eq!(result(&conn.call(&produce(second.clone()), 9).await), (0, 2));
     // Retries of both: original offsets, nothing appended.
     assert_eq!(result(&conn.call(&produce(first), 9).await), (0, 0));
+    // The retry of an older batch must not pull the high watermark back to
+    // its end: record 2 stays visible.
+    assert_eq!(common::watermarks(&broker.bootstrap(), "wire", 0).await, (0, 3), "high watermark after a retry");
+    let got = common::consume(&broker.bootstrap(), "wire", 0, 2, 1, std::time::Duration::from_secs(20)).await;
+    assert_eq!(got, vec![(2, b"c".to_vec())], "the record after the retried batch is readable");
     assert_eq!(result(&conn.call(&produce(second), 9).await), (0, 2));
     assert_eq!(common::watermarks(&broker.bootstrap(), "wire", 0).await, (0, 3));
     // A gap in the sequence.

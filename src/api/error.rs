@@ -19,9 +19,9 @@ pub fn storage_code(e: &StorageError) -> i16 {
         StorageError::BatchTooLarge { .. } => ResponseError::MessageTooLarge,
         StorageError::OffsetOutOfRange { .. } => ResponseError::OffsetOutOfRange,
         StorageError::Io { .. } => ResponseError::KafkaStorageError,
-        StorageError::CorruptBehindRecoveryPoint { .. } | StorageError::CorruptFile { .. } => {
-            ResponseError::KafkaStorageError
-        }
+        StorageError::CorruptBehindRecoveryPoint { .. }
+        | StorageError::DamagedSegment { .. }
+        | StorageError::CorruptFile { .. } => ResponseError::KafkaStorageError,
         #[allow(unreachable_patterns)]
         _ => ResponseError::UnknownServerError,
     };
@@ -56,6 +56,7 @@ pub fn producer_code(e: &ProducerError) -> i16 {
 pub fn partition_code(e: &PartitionError) -> i16 {
     match e {
         PartitionError::Gone => ResponseError::UnknownTopicOrPartition.code(),
+        PartitionError::Offline(_) => ResponseError::KafkaStorageError.code(),
         PartitionError::Storage(s) => storage_code(s),
     }
 }

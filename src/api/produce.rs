@@ -6,6 +6,7 @@ use kafka_protocol::messages::produce_response::{PartitionProduceResponse, Topic
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use strand_storage::batch;
+use strand_storage::AppendOrigin;
 use uuid::Uuid;
 
 use super::{error, RequestContext};
@@ -192,7 +193,7 @@ fn produce_partition(
     }
     // The request's bytes go to the file as they are: the log writes each
     // batch's offset-stamped header prefix from a small copy (no record copy).
-    match partition.append(&records, now_ms()) {
+    match partition.append(&records, AppendOrigin::Client, now_ms()) {
         // A retried batch already in the log: its original offsets, no error (KIP-98).
         Ok(info) => PartitionResult {
             index,

@@ -19,6 +19,7 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use strand_storage::batch;
+use strand_storage::AppendOrigin;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
@@ -973,7 +974,7 @@ impl Shard {
     /// or drops the offsets it committed inside the transaction.
     fn complete_txn(&mut self, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
         let marker = batch::build_control_batch(producer_id, epoch, commit, 0, now_ms());
-        if let Err(e) = self.partition.append(&marker, now_ms()) {
+        if let Err(e) = self.partition.append(&marker, AppendOrigin::Coordinator, now_ms()) {
             tracing::error!(partition = self.partition.index, error = %e, "cannot write a transaction marker");
             return Err(crate::api::error::partition_code(&e));
         }
@@ -1215,7 +1216,7 @@ impl Shard {
         if RecordBatchEncoder::encode(&mut buf, records.iter(), &options).is_err() {
             return Err(code(ResponseError::UnknownServerError));
         }
-        match self.partition.append(&buf, now) {
+        match self.partition.append(&buf, AppendOrigin::Coordinator, now) {
             Ok(_) => Ok(()),
             Err(PartitionError::Storage(strand_storage::StorageError::BatchTooLarge { .. })) => {
                 Err(code(ResponseError::InvalidCommitOffsetSize))

@@ -459,7 +459,7 @@ impl ReplicaManager {
         let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &topic.configs);
         for p in &topic.partitions {
             match p.set_config(effective.log.clone(), effective.min_insync_replicas) {
-                Ok(()) | Err(PartitionError::Gone) => {}
+                Ok(()) | Err(PartitionError::Gone | PartitionError::Offline(_)) => {}
                 Err(PartitionError::Storage(e)) => return Err(e.into()),
             }
         }
@@ -481,12 +481,57 @@ impl ReplicaManager {
         Ok(id)
     }
 
-    /// Periodic flush and retention over every partition.
-    pub fn maintain(&self, retention: bool) {
+    /// One scrubbing pass: every partition verifies the cold segments that
+    /// are due, reading at most `scrub.bytes_per_second` (paced by sleeping
+    /// on this blocking thread). Stops early when `stop` turns true. Returns
+    /// the bytes verified.
+    pub fn scrub(&self, scrub: &crate::config::ScrubConfig, stop: &dyn Fn() -> bool) -> u64 {
+        let started = std::time::Instant::now();
+        let mut total = 0u64;
+        let rate = scrub.bytes_per_second.max(1) as f64;
+        let mut pace = |bytes: u64| {
+            total += bytes;
+            loop {
+                if stop() {
+                    return false;
+                }
+                let ahead = total as f64 / rate - started.elapsed().as_secs_f64();
+                if ahead <= 0.0 {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_secs_f64(ahead.min(0.1)));
+            }
+        };
+        let mut verified = 0;
+        for topic in self.topics().by_name.values() {
+            for p in &topic.partitions {
+                // Each partition until nothing of it is due, then the next.
+                loop {
+                    if stop() {
+                        return verified;
+                    }
+                    match p.scrub(now_ms(), scrub.interval_ms, &mut pace) {
+                        Ok(0) => break,
+                        Ok(bytes) => verified += bytes,
+                        Err(PartitionError::Storage(e)) => {
+                            tracing::warn!(topic = %topic.name, partition = p.index, error = %e, "scrub failed");
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+        verified
+    }
+
+    /// Periodic flush and retention over every partition; with `checkpoint`,
+    /// unflushed data is fsynced and the recovery points persisted.
+    pub fn maintain(&self, retention: bool, checkpoint: bool) {
         let now = now_ms();
         for topic in self.topics().by_name.values() {
             for p in &topic.partitions {
-                if let Err(PartitionError::Storage(e)) = p.maintain(now, retention) {
+                if let Err(PartitionError::Storage(e)) = p.maintain(now, retention, checkpoint) {
                     tracing::error!(topic = %topic.name, partition = p.index, error = %e, "log maintenance failed");
                 }
             }
@@ -511,7 +556,7 @@ impl ReplicaManager {
                         records_removed = stats.records_removed,
                         "compacted"
                     ),
-                    Ok(_) | Err(PartitionError::Gone) => {}
+                    Ok(_) | Err(PartitionError::Gone | PartitionError::Offline(_)) => {}
                     Err(PartitionError::Storage(e)) => {
                         tracing::error!(topic = %topic.name, partition = p.index, error = %e, "compaction failed")
                     }

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 use strand_storage::{
-    AbortedTxn, AppendInfo, CleanStats, Log, LogConfig, ProducerInfo, ReadInfo, StorageError, TimestampLookup,
+    AbortedTxn, AppendInfo, AppendOrigin, CleanStats, Log, LogConfig, ProducerInfo, ReadInfo, StorageError,
+    TimestampLookup,
 };
 use tokio::sync::watch;
 
@@ -19,6 +20,10 @@ use tokio::sync::watch;
 pub enum PartitionError {
     #[error("partition is no longer hosted here")]
     Gone,
+    /// Damage was found in its log (by a read or the scrubber): it serves
+    /// nothing until an operator repairs it.
+    #[error("partition is offline: {0}")]
+    Offline(String),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -45,6 +50,8 @@ pub struct Partition {
     log: Mutex<Option<Log>>,
     /// Publishes the high watermark so long-polling fetches wake on appends.
     high_watermark: watch::Sender<i64>,
+    /// Why the partition was taken offline, once damage is found.
+    offline: std::sync::OnceLock<String>,
 }
 
 impl Partition {
@@ -59,6 +66,7 @@ impl Partition {
             min_insync_replicas: AtomicI32::new(min_insync_replicas),
             log: Mutex::new(Some(log)),
             high_watermark: watch::Sender::new(hw),
+            offline: std::sync::OnceLock::new(),
         }
     }
 
@@ -71,7 +79,34 @@ impl Partition {
     fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> Result<T, StorageError>) -> Result<T, PartitionError> {
         let mut guard = self.lock();
         let log = guard.as_mut().ok_or(PartitionError::Gone)?;
-        Ok(f(log)?)
+        if let Some(reason) = self.offline.get() {
+            return Err(PartitionError::Offline(reason.clone()));
+        }
+        match f(log) {
+            Err(e @ StorageError::DamagedSegment { .. }) => Err(self.take_offline(&e, log.dir())),
+            other => Ok(other?),
+        }
+    }
+
+    /// Takes the partition offline for damage `e`: logged once, loudly, with
+    /// the repair command; every later request gets KAFKA_STORAGE_ERROR.
+    fn take_offline(&self, e: &StorageError, dir: &std::path::Path) -> PartitionError {
+        let reason = e.to_string();
+        if self.offline.set(reason.clone()).is_ok() {
+            tracing::error!(
+                topic = %self.topic,
+                partition = self.index,
+                error = %e,
+                repair = %strand_storage::repair_hint(dir),
+                "damaged log: partition taken offline"
+            );
+        }
+        PartitionError::Offline(reason)
+    }
+
+    /// Why the partition is offline, if it is.
+    pub fn offline_reason(&self) -> Option<&str> {
+        self.offline.get().map(String::as_str)
     }
 
     pub fn min_insync_replicas(&self) -> i32 {
@@ -87,11 +122,38 @@ impl Partition {
     /// received) and advances the high watermark.
     /// Appends whole batches as given (the log stamps offsets into its copy
     /// of each header; `batches` itself, often a request buffer, is not changed).
-    pub fn append(&self, batches: &[u8], now_ms: i64) -> Result<AppendInfo, PartitionError> {
-        let info = self.with_log(|log| log.append_shared(batches, self.leader_epoch, now_ms))?;
-        // RF=1: the write is replicated to the whole ISR once it is in the log.
-        self.high_watermark.send_replace(info.last_offset + 1);
-        Ok(info)
+    pub fn append(&self, batches: &[u8], origin: AppendOrigin, now_ms: i64) -> Result<AppendInfo, PartitionError> {
+        self.with_log(|log| {
+            let info = log.append_shared(batches, self.leader_epoch, origin, now_ms)?;
+            // RF=1: the write is replicated to the whole ISR once it is in the
+            // log. Published under the log lock, so two appends cannot publish
+            // out of order; a retried batch (a duplicate) wrote nothing and
+            // does not move the high watermark.
+            if !info.duplicate {
+                self.advance_high_watermark(log.log_end_offset());
+            }
+            Ok(info)
+        })
+    }
+
+    /// Raises the high watermark to `hw`. It never moves backwards: a
+    /// consumer that has seen an offset below it must keep seeing it.
+    fn advance_high_watermark(&self, hw: i64) {
+        self.high_watermark.send_if_modified(|current| {
+            assert!(
+                hw >= *current,
+                "{}-{}: high watermark would move back from {current} to {hw}",
+                self.topic,
+                self.index
+            );
+            let moved = hw > *current;
+            *current = hw;
+            moved
+        });
+    }
+
+    pub fn high_watermark(&self) -> i64 {
+        *self.high_watermark.borrow()
     }
 
     pub fn offsets(&self) -> Result<PartitionOffsets, PartitionError> {
@@ -173,8 +235,57 @@ impl Partition {
         })
     }
 
-    /// Periodic housekeeping: flush when due, and retention when `retention` is set.
-    pub fn maintain(&self, now_ms: i64, retention: bool) -> Result<(), PartitionError> {
+    /// Verifies the next cold segment that is due (see `Log::scrub_next`),
+    /// reading without the log's lock; `pace` is called after each batch
+    /// with its size (to bound the read rate; returning false abandons the
+    /// job). Returns the bytes verified, 0 when nothing was due. Damage takes
+    /// the partition offline.
+    pub fn scrub(
+        &self,
+        now_ms: i64,
+        interval_ms: i64,
+        pace: &mut dyn FnMut(u64) -> bool,
+    ) -> Result<u64, PartitionError> {
+        let Some((base, job)) = self.with_log(|log| Ok(log.scrub_next(now_ms, interval_ms)))? else { return Ok(0) };
+        match job.run(pace) {
+            Ok(true) => {
+                self.with_log(|log| {
+                    log.finish_scrub(base, &job, now_ms);
+                    Ok(())
+                })?;
+                tracing::debug!(topic = %self.topic, partition = self.index, segment = %job.path().display(), bytes = job.bytes(), "scrubbed segment");
+                Ok(job.bytes())
+            }
+            Ok(false) => Ok(0),
+            Err(e @ StorageError::DamagedSegment { .. }) => {
+                // A segment deleted or replaced meanwhile (retention, compaction) is no damage.
+                let mut guard = self.lock();
+                let Some(log) = guard.as_mut() else { return Err(PartitionError::Gone) };
+                if log.scrub_next(now_ms, interval_ms).map(|(b, _)| b) == Some(base) {
+                    return Err(self.take_offline(&e, log.dir()));
+                }
+                Ok(0)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Periodic housekeeping: flush when due, and retention when `retention`
+    /// is set; with `checkpoint`, unflushed data is fsynced (without the
+    /// log's lock) and the recovery point moved over it.
+    pub fn maintain(&self, now_ms: i64, retention: bool, checkpoint: bool) -> Result<(), PartitionError> {
+        if checkpoint {
+            if let Some(plan) = self.with_log(|log| Ok(log.flush_plan()))? {
+                match plan.sync() {
+                    Ok(()) => {
+                        self.with_log(|log| log.complete_flush(plan))?;
+                    }
+                    Err(e) => {
+                        tracing::warn!(topic = %self.topic, partition = self.index, error = %e, "background fsync failed; the recovery point stays")
+                    }
+                }
+            }
+        }
         // Write back rolled segments before taking the log for the rest, so a
         // produce never waits behind the fsync of a whole segment.
         for file in self.with_log(|log| Ok(log.rolled_segment_files()))? {

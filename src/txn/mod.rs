@@ -15,6 +15,7 @@ mod shard;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
+use strand_storage::AppendOrigin;
 
 use kafka_protocol::error::ResponseError;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -136,7 +137,7 @@ pub async fn write_marker(
     };
     let now = crate::util::now_ms();
     let batch = strand_storage::batch::build_control_batch(producer_id, epoch, commit, coordinator_epoch, now);
-    match target.append(&batch, now) {
+    match target.append(&batch, AppendOrigin::Coordinator, now) {
         Ok(_) | Err(crate::replica::PartitionError::Gone) => Ok(()),
         Err(e) => {
             tracing::error!(topic, partition, error = %e, "transaction marker failed");

@@ -16,6 +16,7 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use strand_storage::batch;
+use strand_storage::AppendOrigin;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::records::{self, TxnState, TxnValue};
@@ -229,7 +230,7 @@ impl Shard {
         let options = RecordEncodeOptions { version: 2, compression: Compression::None };
         RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
             .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition.append(&buf, now_ms()).map(|_| ()).map_err(|e| {
+        self.partition.append(&buf, AppendOrigin::Coordinator, now_ms()).map(|_| ()).map_err(|e| {
             tracing::error!(partition = self.partition.index, error = %e, "cannot append to __transaction_state");
             code(ResponseError::CoordinatorNotAvailable)
         })
@@ -511,7 +512,10 @@ impl Shard {
         let options = RecordEncodeOptions { version: 2, compression: Compression::None };
         RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
             .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition.append(&buf, now_ms()).map(|_| ()).map_err(|_| code(ResponseError::CoordinatorNotAvailable))
+        self.partition
+            .append(&buf, AppendOrigin::Coordinator, now_ms())
+            .map(|_| ())
+            .map_err(|_| code(ResponseError::CoordinatorNotAvailable))
     }
 }
 

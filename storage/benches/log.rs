@@ -7,6 +7,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use strand_storage::batch::build_test_batch;
+use strand_storage::AppendOrigin;
 use strand_storage::{Log, LogConfig};
 
 const RECORD_BYTES: usize = 1024;
@@ -52,7 +53,7 @@ fn read(c: &mut Criterion) {
     let mut log = Log::open(dir.path(), config(), 0).unwrap();
     let batch_count = 4096i64; // 64 MiB over one or two segments
     for _ in 0..batch_count {
-        log.append(&mut template.clone(), 0, 0).unwrap();
+        log.append(&mut template.clone(), 0, AppendOrigin::Client, 0).unwrap();
     }
     let end = log.log_end_offset();
     let mut group = c.benchmark_group("read");

@@ -237,6 +237,64 @@ pub fn validate(buf: &[u8], position: usize) -> Result<(BatchHeader<'_>, usize),
     Ok((header, total))
 }
 
+/// Who is appending, as Kafka's `AppendOrigin`: batches from clients get the
+/// checks Kafka's `LogValidator` applies to producer input; batches the
+/// broker's coordinators built themselves need only the framing and CRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendOrigin {
+    Client,
+    Coordinator,
+}
+
+/// A compressed client batch may claim at most this many records per byte of
+/// its compressed records section. Every record is at least 7 bytes before
+/// compression and differs from the last in its offset delta, so no Kafka
+/// codec gets near 2 records per byte on a valid batch; an absurd count
+/// would make the batch consume billions of offsets (and roll a segment per
+/// request) without being decompressed.
+pub const MAX_RECORDS_PER_COMPRESSED_BYTE: i64 = 8;
+
+/// The checks of Kafka's `LogValidator` for a batch from a producer, on a
+/// batch whose framing and CRC are already good: the record count is exactly
+/// `lastOffsetDelta + 1` (clients never send compaction gaps); for
+/// uncompressed records, their lengths fill the batch exactly, their offset
+/// deltas are 0, 1, 2, ... and the header's maxTimestamp is their largest
+/// timestamp (CreateTime); for compressed ones, a count the bytes could hold.
+/// Only the record framing varints are read: no record is copied.
+pub fn check_client_batch(batch: &[u8], position: usize) -> Result<(), BatchError> {
+    let (header, total) = peek_header(batch, position)?;
+    let record_count = header.record_count();
+    let last_offset_delta = header.last_offset_delta();
+    if record_count <= 0 || last_offset_delta < 0 || record_count as i64 != last_offset_delta as i64 + 1 {
+        return Err(BatchError::InvalidOffsets { position, record_count, last_offset_delta });
+    }
+    let body = &batch[HEADER_BYTES..total];
+    if header.compression_codec() != 0 {
+        if record_count as i64 > body.len() as i64 * MAX_RECORDS_PER_COMPRESSED_BYTE {
+            return Err(BatchError::InvalidRecords {
+                position,
+                reason: format!("{record_count} records cannot fit {} compressed bytes", body.len()),
+            });
+        }
+        return Ok(());
+    }
+    let max_delta = crate::records::check_uncompressed(body, record_count, position)?;
+    if !header.is_log_append_time() {
+        let max = header.base_timestamp().saturating_add(max_delta);
+        if max != header.max_timestamp() {
+            return Err(BatchError::InvalidRecords {
+                position,
+                reason: format!(
+                    "maxTimestamp {} but the largest record timestamp is {max} (baseTimestamp {})",
+                    header.max_timestamp(),
+                    header.base_timestamp()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Summary of a run of batches, as appended or recovered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchesInfo {
@@ -250,8 +308,9 @@ pub struct BatchesInfo {
     pub bytes: usize,
 }
 
-/// Validates every batch in `buf` (which must be whole batches, nothing else).
-pub fn validate_all(buf: &[u8]) -> Result<BatchesInfo, BatchError> {
+/// Validates every batch in `buf` (which must be whole batches, nothing
+/// else); client batches also get [`check_client_batch`].
+pub fn validate_all(buf: &[u8], origin: AppendOrigin) -> Result<BatchesInfo, BatchError> {
     let mut info = BatchesInfo {
         batch_count: 0,
         offset_count: 0,
@@ -263,6 +322,9 @@ pub fn validate_all(buf: &[u8]) -> Result<BatchesInfo, BatchError> {
     let mut position = 0;
     while position < buf.len() {
         let (header, total) = validate(&buf[position..], position)?;
+        if origin == AppendOrigin::Client {
+            check_client_batch(&buf[position..position + total], position)?;
+        }
         if header.max_timestamp() > info.max_timestamp {
             info.max_timestamp = header.max_timestamp();
             info.max_timestamp_batch = info.batch_count;
@@ -499,7 +561,7 @@ mod tests {
     #[test]
     fn test_batch_validates_and_patches_without_breaking_crc() {
         let mut b = build_test_batch(0, 1_000, &[b"a", b"bc", b"def"]);
-        let info = validate_all(&b).unwrap();
+        let info = validate_all(&b, AppendOrigin::Client).unwrap();
         assert_eq!(info.batch_count, 1);
         assert_eq!(info.offset_count, 3);
         set_base_offset(&mut b, 42);

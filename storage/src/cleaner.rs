@@ -362,7 +362,7 @@ pub(crate) fn recover_swaps(dir: &Path) -> Result<()> {
         let file = File::open(&path).map_err(|e| StorageError::io(&path, e))?;
         let size = file.metadata().map_err(|e| StorageError::io(&path, e))?.len();
         let mut last = None;
-        walk(&file, &path, size, 0, base, false, false, &mut |m| last = Some(m.last_offset))?;
+        walk(&file, &path, size, 0, base, false, false, i64::MAX, &mut |m| last = Some(m.last_offset))?;
         if let Some(last) = last {
             for name in &names {
                 let Some((stem, suffix)) = name.split_once('.') else { continue };

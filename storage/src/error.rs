@@ -20,6 +20,13 @@ pub enum StorageError {
     /// start-up must stop rather than silently drop it.
     #[error("corrupt data behind the recovery point {recovery_point} in {file} at byte {position}: {reason}")]
     CorruptBehindRecoveryPoint { file: PathBuf, position: u64, recovery_point: i64, reason: String },
+    /// A batch that is not part of a torn tail is damaged: a bad CRC, a
+    /// header that cannot be parsed, or offsets out of order or past where
+    /// the segment ends. Found at start-up in a segment that is not the last
+    /// one, by a fetch reading data not yet verified, or by the scrubber.
+    /// Nothing is cut automatically; `strand --repair` truncates on purpose.
+    #[error("damaged batch in {file} at byte {position}: {reason}")]
+    DamagedSegment { file: PathBuf, position: u64, reason: String },
     /// The producer state refused a batch (idempotence or transactions); nothing was written.
     #[error("{0}")]
     Producer(#[from] crate::producer_state::ProducerError),

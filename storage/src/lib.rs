@@ -31,7 +31,10 @@ mod segment;
 mod time_index;
 mod txn_index;
 
+pub use batch::AppendOrigin;
 pub use cleaner::{CleanJob, CleanStats, CleanedSegments};
 pub use error::StorageError;
-pub use log::{AbortedTxn, AppendInfo, FileSlice, Log, LogConfig, ProducerInfo, ReadInfo, TimestampLookup};
+pub use log::{AbortedTxn, AppendInfo, FileSlice, FlushPlan, Log, LogConfig, ProducerInfo, ReadInfo, TimestampLookup};
 pub use producer_state::ProducerError;
+pub use recovery::{find_damage, repair_hint, RepairCut};
+pub use segment::ScrubJob;

@@ -28,13 +28,13 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
-use crate::batch::{self, BatchError};
+use crate::batch::{self, AppendOrigin, BatchError};
 use crate::checkpoint::Checkpoint;
 use crate::cleaner::{self, CleanJob, CleanStats, CleanedSegments, Source};
 use crate::error::{Result, StorageError};
 use crate::producer_state::{self, BatchKind, Pending, ProducerBatch, ProducerStateManager};
-use crate::recovery;
-use crate::segment::{BatchMeta, Segment};
+use crate::recovery::{self, RepairCut};
+use crate::segment::{BatchMeta, ScrubJob, Segment};
 
 /// Per-log settings, with Kafka's names in the comments and Kafka's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -162,6 +162,24 @@ impl FileSlice {
     }
 }
 
+/// A background flush: the log files to fsync and the offset they cover
+/// (see [`Log::flush_plan`]).
+#[derive(Debug)]
+pub struct FlushPlan {
+    target: i64,
+    files: Vec<(Arc<File>, Arc<PathBuf>)>,
+}
+
+impl FlushPlan {
+    /// fsyncs the plan's files (without the log's lock).
+    pub fn sync(&self) -> Result<()> {
+        for (file, path) in &self.files {
+            file.sync_data().map_err(|e| StorageError::io(path.as_path(), e))?;
+        }
+        Ok(())
+    }
+}
+
 /// What `read` found: whole batches, in offset order, as file slices.
 #[derive(Debug, Clone, Default)]
 pub struct ReadInfo {
@@ -199,8 +217,21 @@ impl Log {
     /// Opens (creating if needed) the log in `dir`, recovering from the
     /// recovery point if the last shutdown was not clean.
     pub fn open(dir: impl AsRef<Path>, config: LogConfig, now_ms: i64) -> Result<Log> {
-        let dir = dir.as_ref().to_path_buf();
-        let recovered = recovery::recover(&dir, &config, now_ms)?;
+        Log::open_with(dir.as_ref(), config, now_ms, recovery::Mode::Open).map(|(log, _)| log)
+    }
+
+    /// Opens the log in `dir` after re-reading every segment, cutting it at
+    /// the first damaged batch wherever it is (later segments are deleted):
+    /// the operator's way past a start-up refused for damage. Returns what
+    /// was cut, if anything.
+    pub fn repair(dir: impl AsRef<Path>, config: LogConfig, now_ms: i64) -> Result<(Log, Option<RepairCut>)> {
+        Log::open_with(dir.as_ref(), config, now_ms, recovery::Mode::Repair)
+    }
+
+    fn open_with(dir: &Path, config: LogConfig, now_ms: i64, mode: recovery::Mode) -> Result<(Log, Option<RepairCut>)> {
+        let dir = dir.to_path_buf();
+        let mut recovered = recovery::recover(&dir, &config, now_ms, mode)?;
+        let cut = recovered.cut.take();
         let mut log = Log {
             dir,
             config,
@@ -217,10 +248,17 @@ impl Log {
         log.load_producer_state(Some(now_ms), recovered.rescanned_from)?;
         // Recovered data may only be in the page cache: make it durable
         // before calling it flushed, and mark the log open (unclean) so a
-        // crash from now on is detected.
-        log.sync_from_recovery_point()?;
-        log.recovery_point = log.log_end_offset();
-        log.write_checkpoint(false)?;
+        // crash from now on is detected. Neither costs an fsync when there is
+        // nothing new (a log reopened after kill -9 with everything flushed,
+        // or an empty one): restart then costs what was written since the
+        // last flush, not a constant per partition.
+        if log.log_end_offset() > log.recovery_point {
+            log.sync_from_recovery_point()?;
+            log.recovery_point = log.log_end_offset();
+        }
+        if recovered.checkpoint != Some(log.checkpoint(false)) {
+            log.write_checkpoint(false)?;
+        }
         info!(
             dir = %log.dir.display(),
             log_start_offset = log.log_start_offset,
@@ -229,7 +267,7 @@ impl Log {
             producers = log.producers.len(),
             "opened log"
         );
-        Ok(log)
+        Ok((log, cut))
     }
 
     pub fn dir(&self) -> &Path {
@@ -270,14 +308,17 @@ impl Log {
         self.segments.values_mut().next_back().expect("a log always has an active segment")
     }
 
-    fn write_checkpoint(&self, clean_shutdown: bool) -> Result<()> {
+    fn checkpoint(&self, clean_shutdown: bool) -> Checkpoint {
         Checkpoint {
             recovery_point: self.recovery_point,
             log_start_offset: self.log_start_offset,
             cleaner_offset: self.cleaner_offset,
             clean_shutdown,
         }
-        .write(&self.dir)
+    }
+
+    fn write_checkpoint(&self, clean_shutdown: bool) -> Result<()> {
+        self.checkpoint(clean_shutdown).write(&self.dir)
     }
 
     fn out_of_range(&self, offset: i64) -> StorageError {
@@ -293,8 +334,14 @@ impl Log {
     /// first when size, time or index limits require). On any error nothing is written.
     /// Appends `batches` (one or more whole v2 batches) and stamps them in
     /// place with their offsets and `leader_epoch`, as they are in the log.
-    pub fn append(&mut self, batches: &mut [u8], leader_epoch: i32, now_ms: i64) -> Result<AppendInfo> {
-        let info = self.append_shared(batches, leader_epoch, now_ms)?;
+    pub fn append(
+        &mut self,
+        batches: &mut [u8],
+        leader_epoch: i32,
+        origin: AppendOrigin,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
+        let info = self.append_shared(batches, leader_epoch, origin, now_ms)?;
         if !info.duplicate {
             let mut offset = info.base_offset;
             let starts: Vec<(usize, i32)> =
@@ -313,14 +360,21 @@ impl Log {
     /// epoch go into the file through small patched copies of each batch's
     /// first bytes (a vectored write), so a request buffer shared with other
     /// readers can be written as it is, with no copy of the records.
-    pub fn append_shared(&mut self, batches: &[u8], leader_epoch: i32, now_ms: i64) -> Result<AppendInfo> {
+    /// `origin` says which checks the batches get (see [`AppendOrigin`]).
+    pub fn append_shared(
+        &mut self,
+        batches: &[u8],
+        leader_epoch: i32,
+        origin: AppendOrigin,
+        now_ms: i64,
+    ) -> Result<AppendInfo> {
         if batches.len() > self.config.max_batch_bytes {
             return Err(StorageError::BatchTooLarge { size: batches.len(), max: self.config.max_batch_bytes });
         }
         if batches.is_empty() {
             return Err(StorageError::InvalidBatch(BatchError::Truncated { position: 0 }));
         }
-        let info = batch::validate_all(batches)?;
+        let info = batch::validate_all(batches, origin)?;
         let base_offset = self.log_end_offset();
         let mut metas = Vec::with_capacity(info.batch_count);
         let mut offset = base_offset;
@@ -457,6 +511,17 @@ impl Log {
                 }
             }
             if end > start {
+                // Bytes this process has not checked yet (from before it
+                // opened the segment) are verified before they are served.
+                // Damage past the first slice ends the read before it: what
+                // came before is served, and the next read starting there fails.
+                let from = if segment.base_offset() == first_base { offset } else { segment.base_offset() };
+                if let Err(e) = segment.check_served(from, start, end, segment.next_offset()) {
+                    if info.slices.is_empty() {
+                        return Err(e);
+                    }
+                    break;
+                }
                 let (file, path) = segment.reader();
                 info.slices.push(FileSlice {
                     file: Arc::clone(file),
@@ -525,6 +590,33 @@ impl Log {
             segment.flush()?;
         }
         self.recovery_point = active_base;
+        self.write_checkpoint(false)?;
+        Ok(true)
+    }
+
+    /// What a background flush must fsync so the recovery point can move to
+    /// the log end offset as it is now: the log files of the segments from
+    /// the one holding the recovery point on. `None` when everything is
+    /// flushed. The caller runs [`FlushPlan::sync`] without holding the log
+    /// (appends go on meanwhile), then [`Log::complete_flush`].
+    pub fn flush_plan(&self) -> Option<FlushPlan> {
+        let target = self.log_end_offset();
+        if self.recovery_point >= target {
+            return None;
+        }
+        let from = self.segments.range(..=self.recovery_point).next_back().map_or(i64::MIN, |(&b, _)| b);
+        let files =
+            self.segments.range(from..).map(|(_, s)| (Arc::clone(s.reader().0), Arc::clone(s.reader().1))).collect();
+        Some(FlushPlan { target, files })
+    }
+
+    /// Advances the recovery point to a synced plan's target and persists it.
+    /// Everything below the target was in the files the plan fsynced.
+    pub fn complete_flush(&mut self, plan: FlushPlan) -> Result<bool> {
+        if plan.target <= self.recovery_point || plan.target > self.log_end_offset() {
+            return Ok(false);
+        }
+        self.recovery_point = plan.target;
         self.write_checkpoint(false)?;
         Ok(true)
     }
@@ -639,8 +731,10 @@ impl Log {
         }
         self.replay(from, rebuild_from)?;
         if rebuild_txn_from.is_some() {
+            // Only the rebuilt transaction indexes: the log data is synced by
+            // the caller when there is any past the recovery point.
             for segment in self.segments.range(rebuild_from..).map(|(_, s)| s) {
-                segment.flush()?;
+                segment.flush_txn_index()?;
             }
         }
         Ok(())
@@ -952,7 +1046,7 @@ impl Log {
             let mut segment = Segment::open(&self.dir, g.base, now_ms)?;
             segment.set_next_offset(g.next);
             if !segment.indexes_valid() {
-                segment.rebuild(false, self.config.index_max_bytes, self.config.index_interval_bytes)?;
+                segment.rebuild(false, self.config.index_max_bytes, self.config.index_interval_bytes, i64::MAX)?;
                 segment.set_next_offset(g.next);
             }
             self.segments.insert(g.base, segment);
@@ -976,6 +1070,28 @@ impl Log {
             "cleaned log"
         );
         Ok(stats)
+    }
+
+    /// The segment the scrubber should verify next, if one is due: never
+    /// verified first (data found on disk at start-up), then the one verified
+    /// longest ago, once `interval_ms` has passed. Sealed segments are
+    /// verified whole, the active one only in the part written before this
+    /// process opened it. The job runs without the log's lock.
+    pub fn scrub_next(&self, now_ms: i64, interval_ms: i64) -> Option<(i64, ScrubJob)> {
+        self.segments
+            .values()
+            .filter(|s| !s.is_empty() && (!s.is_active() || s.unverified().is_some()))
+            .filter(|s| now_ms.saturating_sub(s.scrubbed_ms()) >= interval_ms || s.scrubbed_ms() == 0)
+            .min_by_key(|s| s.scrubbed_ms())
+            .map(|s| (s.base_offset(), s.scrub_job(s.next_offset())))
+    }
+
+    /// Records a successful scrub of the segment at `base` (ignored if that
+    /// segment has been replaced meanwhile).
+    pub fn finish_scrub(&self, base: i64, job: &ScrubJob, now_ms: i64) {
+        if let Some(segment) = self.segments.get(&base) {
+            segment.finish_scrub(job, now_ms);
+        }
     }
 
     /// The batch holding the first record with timestamp >= `timestamp`.
@@ -1112,7 +1228,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..n {
             let mut b = build_test_batch(0, ts + i as i64, &[&[i as u8; 100], &[1u8; 20]]);
-            log.append(&mut b, 3, ts + i as i64).unwrap();
+            log.append(&mut b, 3, AppendOrigin::Client, ts + i as i64).unwrap();
             out.push(b);
         }
         out
@@ -1193,15 +1309,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut log = Log::open(dir.path(), LogConfig { max_batch_bytes: 200, ..config() }, 0).unwrap();
         let mut big = build_test_batch(0, 0, &[&[0u8; 300]]);
-        assert!(matches!(log.append(&mut big, 0, 0), Err(StorageError::BatchTooLarge { .. })));
+        assert!(matches!(log.append(&mut big, 0, AppendOrigin::Client, 0), Err(StorageError::BatchTooLarge { .. })));
         let mut good = build_test_batch(0, 0, &[b"x"]);
         let mut bad = build_test_batch(0, 0, &[b"y"]);
         let last = bad.len() - 1;
         bad[last] ^= 1;
         let mut both = [good.clone(), bad].concat();
-        assert!(matches!(log.append(&mut both, 0, 0), Err(StorageError::InvalidBatch(_))));
+        assert!(matches!(log.append(&mut both, 0, AppendOrigin::Client, 0), Err(StorageError::InvalidBatch(_))));
         assert_eq!(log.size_bytes(), 0);
-        let info = log.append(&mut good, 0, 0).unwrap();
+        let info = log.append(&mut good, 0, AppendOrigin::Client, 0).unwrap();
         assert_eq!((info.base_offset, info.last_offset, info.record_count), (0, 0, 1));
     }
 

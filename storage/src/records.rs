@@ -135,6 +135,38 @@ pub(crate) fn parse(raw: &[u8], count: i32, position: usize) -> Result<Vec<Recor
     Ok(out)
 }
 
+/// Checks the framing of `count` uncompressed records (a batch's records
+/// section) without keeping them: each length fits, the offset deltas are
+/// 0, 1, 2, ..., and the records end exactly at the end of `raw`. Returns
+/// the largest timestamp delta. Reads only the varints before the key.
+pub(crate) fn check_uncompressed(raw: &[u8], count: i32, position: usize) -> Result<i64, BatchError> {
+    let mut at = 0usize;
+    let mut max_delta = i64::MIN;
+    for i in 0..count {
+        let bad = |what: String| invalid(position, format!("record {i}: {what}"));
+        let len = varint(raw, &mut at).filter(|&l| l > 0).ok_or_else(|| bad("bad length".into()))?;
+        let end = at
+            .checked_add(len as usize)
+            .filter(|&e| e <= raw.len())
+            .ok_or_else(|| bad("runs past the batch".into()))?;
+        let mut field = at + 1; // attributes
+        let timestamp_delta = varlong(raw, &mut field).ok_or_else(|| bad("bad timestamp delta".into()))?;
+        let offset_delta = varint(raw, &mut field).ok_or_else(|| bad("bad offset delta".into()))?;
+        if field > end {
+            return Err(bad("fields run past the record".into()));
+        }
+        if offset_delta != i {
+            return Err(bad(format!("offset delta {offset_delta}, expected {i}")));
+        }
+        max_delta = max_delta.max(timestamp_delta);
+        at = end;
+    }
+    if at != raw.len() {
+        return Err(invalid(position, format!("{} bytes after the last of {count} records", raw.len() - at)));
+    }
+    Ok(max_delta)
+}
+
 /// Decompresses and splits one whole batch.
 pub(crate) fn decode(batch: &[u8], position: usize) -> Result<(Vec<u8>, Vec<RecordRef>), BatchError> {
     let (header, _) = batch::peek_header(batch, position)?;

@@ -36,6 +36,10 @@ pub(crate) struct Recovered {
     /// Base of the first segment whose batches were rescanned (and possibly
     /// cut): its transaction index and the later ones' must be rebuilt.
     pub rescanned_from: Option<i64>,
+    /// The checkpoint as found, so an open that changes nothing need not rewrite it.
+    pub checkpoint: Option<Checkpoint>,
+    /// What a repair cut.
+    pub cut: Option<RepairCut>,
 }
 
 /// Parses `<20 digits>.<suffix>` into the base offset.
@@ -51,9 +55,79 @@ fn remove(path: &Path) -> Result<()> {
     std::fs::remove_file(path).map_err(|e| StorageError::io(path, e))
 }
 
+/// How `recover` treats damage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Start-up: a torn tail of the last segment (past the recovery point)
+    /// is cut; damage anywhere else refuses the open.
+    Open,
+    /// `strand --repair-log`: every segment is re-read and the log is cut at
+    /// the first damaged batch wherever it is, later segments deleted.
+    Repair,
+}
+
+/// What a repair cut, for the operator.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RepairCut {
+    pub file: std::path::PathBuf,
+    pub position: u64,
+    /// The log end offset after the cut.
+    pub offset: i64,
+    pub reason: String,
+    /// Later segments deleted.
+    pub segments_deleted: usize,
+}
+
+/// The command that cuts a log at its first damaged batch, for error messages.
+pub fn repair_hint(dir: &Path) -> String {
+    format!(
+        "stop the broker and run `strand --repair-log {}` to see the damage, then add --truncate to cut the log there (everything after it is lost)",
+        dir.display()
+    )
+}
+
+/// Reads every segment in `dir` without changing anything and returns the
+/// first damaged batch, as a repair would find it (`strand --repair-log`
+/// without `--truncate`): framing, CRC-32C, offsets in order and each
+/// segment ending at or before the next one's base offset.
+pub fn find_damage(dir: &Path) -> Result<Option<RepairCut>> {
+    let mut bases: Vec<i64> = std::fs::read_dir(dir)
+        .map_err(|e| StorageError::io(dir, e))?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| match parse_name(&e.file_name().to_string_lossy()) {
+            Some((base, LOG_SUFFIX)) => Some(base),
+            _ => None,
+        })
+        .collect();
+    bases.sort_unstable();
+    for (i, &base) in bases.iter().enumerate() {
+        let path = dir.join(crate::segment::file_name(base, LOG_SUFFIX));
+        let file = std::fs::File::open(&path).map_err(|e| StorageError::io(&path, e))?;
+        let size = file.metadata().map_err(|e| StorageError::io(&path, e))?.len();
+        let next = bases.get(i + 1).copied();
+        let limit = next.unwrap_or(i64::MAX);
+        let end = crate::segment::walk(&file, &path, size, 0, base, true, false, limit, &mut |_| {})?;
+        let reason = match (end.error, next) {
+            (Some(reason), _) => reason,
+            (None, Some(next)) if end.next_offset > next => {
+                format!("segment ends at offset {} but the next segment starts at {next}", end.next_offset)
+            }
+            _ => continue,
+        };
+        return Ok(Some(RepairCut {
+            file: path,
+            position: end.position,
+            offset: end.next_offset,
+            reason,
+            segments_deleted: bases.len() - i - 1,
+        }));
+    }
+    Ok(None)
+}
+
 /// Opens the segments in `dir` (creating the directory and a first segment
 /// if needed) and recovers them.
-pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Recovered> {
+pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64, mode: Mode) -> Result<Recovered> {
     std::fs::create_dir_all(dir).map_err(|e| StorageError::io(dir, e))?;
     cleaner::recover_swaps(dir)?;
     let checkpoint = Checkpoint::read(dir)?;
@@ -83,9 +157,11 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         }
     }
 
-    let recovery_point = checkpoint.map_or(0, |c| c.recovery_point);
     let checkpoint_start = checkpoint.map_or(0, |c| c.log_start_offset);
-    let clean = checkpoint.is_some_and(|c| c.clean_shutdown);
+    let repair = mode == Mode::Repair;
+    // A repair checks everything and may cut below the recovery point.
+    let recovery_point = if repair { 0 } else { checkpoint.map_or(0, |c| c.recovery_point) };
+    let clean = !repair && checkpoint.is_some_and(|c| c.clean_shutdown);
 
     let mut segments = BTreeMap::new();
     if log_bases.is_empty() {
@@ -105,6 +181,8 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
             recovery_point,
             cleaner_offset: checkpoint_start,
             rescanned_from: None,
+            checkpoint,
+            cut: None,
         });
     }
     for &base in &log_bases {
@@ -114,6 +192,8 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     let last_base = *log_bases.last().expect("not empty");
     let scan_from = if clean {
         last_base
+    } else if repair {
+        log_bases[0]
     } else {
         log_bases.iter().copied().filter(|&b| b <= recovery_point).max().unwrap_or(log_bases[0])
     };
@@ -121,6 +201,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         info!(dir = %dir.display(), recovery_point, from_segment = scan_from, "unclean shutdown: recovering");
     }
     let mut rescanned_from = (!clean).then_some(scan_from);
+    let mut cut = None;
 
     for (i, &base) in log_bases.iter().enumerate() {
         let next_base = log_bases.get(i + 1).copied();
@@ -140,7 +221,12 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
             info!(file = %segment.log_path().display(), "tail check failed after clean shutdown: scanning the segment");
             rescanned_from = Some(base);
         }
-        let end = segment.rebuild(true, config.index_max_bytes, config.index_interval_bytes)?;
+        let end = segment.rebuild(
+            true,
+            config.index_max_bytes,
+            config.index_interval_bytes,
+            next_base.unwrap_or(i64::MAX),
+        )?;
         let problem = match (end.error, next_base) {
             (Some(reason), _) => Some(reason),
             // Compaction leaves gaps: a segment may end before the next one starts.
@@ -160,7 +246,17 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
                 file: segment.log_path().to_path_buf(),
                 position: end.position,
                 recovery_point,
-                reason,
+                reason: format!("{reason}; {}", repair_hint(dir)),
+            });
+        }
+        if next_base.is_some() && !repair {
+            // A crash tears only the segment being written; damage in an
+            // earlier one is not a torn tail, and cutting there would delete
+            // every later, intact segment.
+            return Err(StorageError::DamagedSegment {
+                file: segment.log_path().to_path_buf(),
+                position: end.position,
+                reason: format!("{reason} (not the last segment: not a torn tail); {}", repair_hint(dir)),
             });
         }
         warn!(
@@ -172,6 +268,13 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
         );
         segment.truncate_file(end.position)?;
         rescanned_from = Some(rescanned_from.map_or(base, |r| r.min(base)));
+        cut = Some(RepairCut {
+            file: segment.log_path().to_path_buf(),
+            position: end.position,
+            offset: end.next_offset,
+            reason,
+            segments_deleted: log_bases.len() - i - 1,
+        });
         for &later in log_bases[i + 1..].iter().rev() {
             let gone = segments.remove(&later).expect("opened above");
             warn!(file = %gone.log_path().display(), "deleting segment after the truncation point");
@@ -182,7 +285,7 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
 
     let active = segments.values().next_back().expect("at least one segment");
     let log_end_offset = active.next_offset();
-    if log_end_offset < recovery_point {
+    if !repair && log_end_offset < recovery_point {
         return Err(StorageError::CorruptBehindRecoveryPoint {
             file: active.log_path().to_path_buf(),
             position: active.size_bytes(),
@@ -193,7 +296,8 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64) -> Result<Rec
     let first_base = *segments.keys().next().expect("at least one segment");
     let log_start_offset = checkpoint_start.max(first_base).min(log_end_offset);
     let cleaner_offset = checkpoint.map_or(0, |c| c.cleaner_offset).clamp(log_start_offset, log_end_offset);
-    Ok(Recovered { segments, log_start_offset, recovery_point, cleaner_offset, rescanned_from })
+    let recovery_point = recovery_point.min(log_end_offset);
+    Ok(Recovered { segments, log_start_offset, recovery_point, cleaner_offset, rescanned_from, checkpoint, cut })
 }
 
 #[cfg(test)]

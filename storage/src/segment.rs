@@ -9,6 +9,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{IoSlice, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use crate::batch::{self, HEADER_BYTES};
@@ -74,6 +75,16 @@ pub(crate) struct Segment {
     indexes_ok: bool,
     /// Aborted transactions whose ABORT marker is in this segment.
     txn_index: TxnIndex,
+    /// Bytes `[verified_end, trusted_from)` hold batches this process has
+    /// not checked: written before it opened the segment and not re-read by
+    /// recovery. A fetch checks them before serving them (CRC-32C, offsets)
+    /// and the scrubber verifies them in the background; anything this
+    /// process appended was validated on the way in.
+    trusted_from: u64,
+    verified_end: AtomicU64,
+    /// When the scrubber (or a validating recovery) last checked the whole
+    /// segment; 0 for never.
+    scrubbed_ms: AtomicI64,
 }
 
 fn open_reader(path: &Path) -> Result<File> {
@@ -109,6 +120,8 @@ impl Segment {
         segment.time_index.reset();
         segment.writer = Some(writer);
         segment.indexes_ok = true;
+        segment.trusted_from = 0;
+        segment.scrubbed_ms = AtomicI64::new(now_ms);
         segment.offset_index.preallocate(index_max_bytes)?;
         segment.time_index.preallocate(index_max_bytes)?;
         Ok(segment)
@@ -143,6 +156,9 @@ impl Segment {
             created_ms: now_ms,
             indexes_ok: offset_ok && time_ok,
             txn_index,
+            trusted_from: size_bytes,
+            verified_end: AtomicU64::new(0),
+            scrubbed_ms: AtomicI64::new(0),
         };
         if let Some(last) = segment.time_index.last() {
             segment.max_timestamp = last.timestamp;
@@ -436,7 +452,14 @@ impl Segment {
     /// Walks the batches from the start of the file, rebuilding the indexes,
     /// max timestamp and next offset; with `validate` each batch's CRC-32C is
     /// checked. Stops at the first bad batch without changing the file.
-    pub fn rebuild(&mut self, validate: bool, index_max_bytes: u32, index_interval_bytes: u32) -> Result<WalkEnd> {
+    /// Batches must end below `limit` (the next segment's base; `i64::MAX` when unknown).
+    pub fn rebuild(
+        &mut self,
+        validate: bool,
+        index_max_bytes: u32,
+        index_interval_bytes: u32,
+        limit: i64,
+    ) -> Result<WalkEnd> {
         self.offset_index.reset();
         self.time_index.reset();
         self.offset_index.preallocate(index_max_bytes)?;
@@ -447,9 +470,16 @@ impl Segment {
         self.first_batch_max_timestamp = None;
         self.next_offset = self.base_offset;
         let (reader, path) = (Arc::clone(&self.reader), Arc::clone(&self.log_path));
-        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, false, &mut |m| {
+        let end = walk(&reader, &path, self.size_bytes, 0, self.base_offset, validate, false, limit, &mut |m| {
             self.index_batch(m, index_interval_bytes)
         })?;
+        if validate {
+            // Everything up to where the walk stopped was checked, CRCs included.
+            self.verified_end.fetch_max(end.position, Ordering::Relaxed);
+            if end.error.is_none() {
+                self.scrubbed_ms.store(self.created_ms, Ordering::Relaxed);
+            }
+        }
         self.indexes_ok = true;
         if !self.is_active() {
             self.seal()?;
@@ -467,17 +497,19 @@ impl Segment {
         };
         let mut max = (self.max_timestamp, self.offset_of_max_timestamp);
         let mut first_ts = None;
-        let end = walk(&self.reader, &self.log_path, self.size_bytes, position, offset, true, exact, &mut |m| {
-            if m.position == 0 {
-                first_ts = Some(m.max_timestamp);
-            }
-            if m.max_timestamp > max.0 {
-                max = (m.max_timestamp, m.base_offset);
-            }
-        })?;
+        let end =
+            walk(&self.reader, &self.log_path, self.size_bytes, position, offset, true, exact, i64::MAX, &mut |m| {
+                if m.position == 0 {
+                    first_ts = Some(m.max_timestamp);
+                }
+                if m.max_timestamp > max.0 {
+                    max = (m.max_timestamp, m.base_offset);
+                }
+            })?;
         if end.error.is_some() {
             return Ok(false);
         }
+        self.trusted_from = self.trusted_from.min(position);
         (self.max_timestamp, self.offset_of_max_timestamp) = max;
         self.next_offset = end.next_offset;
         self.bytes_since_index_entry = self.size_bytes - position;
@@ -494,7 +526,8 @@ impl Segment {
         let writer = self.writer.as_ref().expect("truncate a sealed segment");
         writer.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.size_bytes = position;
-        let end = self.rebuild(false, index_max_bytes, index_interval_bytes)?;
+        self.trusted_from = self.trusted_from.min(position);
+        let end = self.rebuild(false, index_max_bytes, index_interval_bytes, i64::MAX)?;
         self.txn_index.truncate_to(self.next_offset)?;
         match end.error {
             None => Ok(()),
@@ -509,6 +542,7 @@ impl Segment {
             OpenOptions::new().write(true).open(&*self.log_path).map_err(|e| StorageError::io(&*self.log_path, e))?;
         file.set_len(position).map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.size_bytes = position;
+        self.trusted_from = self.trusted_from.min(position);
         self.offset_index.truncate_to_position(position);
         if let Some(rel) = self.relative(self.next_offset) {
             self.time_index.truncate_to_offset(rel);
@@ -524,6 +558,96 @@ impl Segment {
         self.reader.sync_all().map_err(|e| StorageError::io(&*self.log_path, e))?;
         self.offset_index.flush()?;
         self.time_index.flush()?;
+        self.txn_index.flush()
+    }
+
+    /// The bytes this process has not checked yet, if any (see `trusted_from`).
+    pub fn unverified(&self) -> Option<(u64, u64)> {
+        let start = self.verified_end.load(Ordering::Relaxed);
+        let end = self.trusted_from.min(self.size_bytes);
+        (start < end).then_some((start, end))
+    }
+
+    /// When the whole segment was last verified (0: never).
+    pub fn scrubbed_ms(&self) -> i64 {
+        self.scrubbed_ms.load(Ordering::Relaxed)
+    }
+
+    /// The index entry at or before `offset`: (byte position, offset of the
+    /// batch there), or the start of the segment. A check that starts here
+    /// knows the first batch's offset from the index, not from the header.
+    fn index_anchor(&self, offset: i64) -> (u64, i64, bool) {
+        match self.relative(offset).and_then(|rel| self.offset_index.lookup(rel)) {
+            Some(e) => (e.position as u64, self.base_offset + e.relative_offset as i64, true),
+            None => (0, self.base_offset, false),
+        }
+    }
+
+    /// Checks the batches a read serves from byte `start` (a batch boundary
+    /// found for `offset`) to `end` where they overlap bytes not verified yet:
+    /// every batch's framing and CRC-32C, offsets increasing from the index
+    /// entry at or before `offset` and ending at or before `limit` (the next
+    /// segment's base, or the log end). A verified prefix grows as it goes.
+    pub fn check_served(&self, offset: i64, start: u64, end: u64, limit: i64) -> Result<()> {
+        let Some((from, to)) = self.unverified() else { return Ok(()) };
+        if end <= from || start >= to {
+            return Ok(());
+        }
+        let (anchor, expected, exact) = self.index_anchor(offset);
+        let anchor = if anchor <= start { anchor } else { 0 };
+        let (expected, exact) = if anchor == 0 && !exact { (self.base_offset, false) } else { (expected, exact) };
+        let walked = walk(&self.reader, &self.log_path, end, anchor, expected, true, exact, limit, &mut |_| {})?;
+        self.damage_or_verified(anchor, walked, end, limit)
+    }
+
+    /// A scrub of the whole segment (or of the part before `trusted_from`
+    /// when active): the same checks as [`Segment::check_served`], without
+    /// the log's lock (sealed bytes never change), pausing through `pace`
+    /// after each batch so the read rate stays bounded.
+    pub fn scrub_job(&self, limit: i64) -> ScrubJob {
+        let end = if self.is_active() { self.trusted_from.min(self.size_bytes) } else { self.size_bytes };
+        ScrubJob {
+            reader: Arc::clone(&self.reader),
+            path: Arc::clone(&self.log_path),
+            base_offset: self.base_offset,
+            end,
+            limit,
+        }
+    }
+
+    /// Records a scrub's success; `false` if the job was for other bytes.
+    pub fn finish_scrub(&self, job: &ScrubJob, now_ms: i64) -> bool {
+        if !Arc::ptr_eq(&job.reader, &self.reader) {
+            return false;
+        }
+        self.verified_end.fetch_max(job.end, Ordering::Relaxed);
+        self.scrubbed_ms.store(now_ms, Ordering::Relaxed);
+        true
+    }
+
+    fn damage_or_verified(&self, anchor: u64, walked: WalkEnd, end: u64, limit: i64) -> Result<()> {
+        let reason = match walked.error {
+            Some(reason) => Some(reason),
+            None if walked.next_offset > limit => {
+                Some(format!("batches reach offset {} but the segment ends at {limit}", walked.next_offset))
+            }
+            None => None,
+        };
+        if let Some(reason) = reason {
+            return Err(StorageError::DamagedSegment {
+                file: self.log_path.to_path_buf(),
+                position: walked.position,
+                reason,
+            });
+        }
+        if anchor <= self.verified_end.load(Ordering::Relaxed) {
+            self.verified_end.fetch_max(end, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// fsyncs the transaction index alone (after a rebuild).
+    pub fn flush_txn_index(&self) -> Result<()> {
         self.txn_index.flush()
     }
 
@@ -567,6 +691,50 @@ impl Segment {
     }
 }
 
+/// A scrub of one segment, run without the log's lock (see [`Segment::scrub_job`]).
+#[derive(Debug)]
+pub struct ScrubJob {
+    reader: Arc<File>,
+    path: Arc<PathBuf>,
+    base_offset: i64,
+    end: u64,
+    limit: i64,
+}
+
+impl ScrubJob {
+    pub fn bytes(&self) -> u64 {
+        self.end
+    }
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Verifies every batch (framing, CRC-32C, offsets in order and below
+    /// the segment's end), calling `pace(bytes)` after each batch so the
+    /// caller can bound the read rate or stop (by returning false; the
+    /// result is then `Ok(false)`).
+    pub fn run(&self, pace: &mut dyn FnMut(u64) -> bool) -> Result<bool> {
+        let mut stopped = false;
+        let walked =
+            walk(&self.reader, &self.path, self.end, 0, self.base_offset, true, false, self.limit, &mut |m| {
+                if !stopped && !pace(m.total_bytes) {
+                    stopped = true;
+                }
+            })?;
+        if stopped {
+            return Ok(false);
+        }
+        let reason = match walked.error {
+            Some(reason) => reason,
+            None if walked.next_offset > self.limit => {
+                format!("batches reach offset {} but the segment ends at {}", walked.next_offset, self.limit)
+            }
+            None => return Ok(true),
+        };
+        Err(StorageError::DamagedSegment { file: self.path.to_path_buf(), position: walked.position, reason })
+    }
+}
+
 /// Reads a file through a window of whole chunks, for walking batches.
 struct ChunkReader<'a> {
     file: &'a File,
@@ -593,8 +761,13 @@ impl ChunkReader<'_> {
 
 /// Walks the batches of a file of `size` bytes from `position`, expecting
 /// increasing, non-overlapping offsets from `expected_offset` on (with
-/// `exact_first` the first batch must start exactly there). Calls `f` for each good batch
-/// and stops at the first torn, corrupt or out-of-order one.
+/// `exact_first` the first batch must start exactly there) and below
+/// `limit` (where the next segment starts; `i64::MAX` when unknown). Calls
+/// `f` for each good batch and stops at the first torn, corrupt or
+/// out-of-order one. A batch that starts past the expected offset (a gap,
+/// as compaction leaves) followed by one that goes back is the damaged one
+/// (its base offset is outside the CRC): the walk stops at it, and `f` is
+/// only called for a gapped batch once the next one confirms it.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn walk(
     file: &File,
@@ -604,32 +777,29 @@ pub(crate) fn walk(
     expected_offset: i64,
     validate: bool,
     exact_first: bool,
+    limit: i64,
     f: &mut dyn FnMut(&BatchMeta),
 ) -> Result<WalkEnd> {
     let mut reader = ChunkReader { file, path, start: 0, buf: Vec::new() };
     let mut next_offset = expected_offset;
     let mut first = true;
-    let stop = |position, next_offset, reason: String| Ok(WalkEnd { position, next_offset, error: Some(reason) });
-    while position < size {
+    // The last batch, if it started past the expected offset, and the offset expected before it.
+    let mut gapped: Option<(BatchMeta, i64)> = None;
+    let error = loop {
+        if position >= size {
+            break None;
+        }
         let remaining = size - position;
         if remaining < HEADER_BYTES as u64 {
-            return stop(
-                position,
-                next_offset,
-                format!("torn batch header at byte {position}: {remaining} bytes left"),
-            );
+            break Some(format!("torn batch header at byte {position}: {remaining} bytes left"));
         }
         let head = reader.get(position, HEADER_BYTES, size)?;
         let (header, total) = match batch::parse_header(head, position as usize) {
             Ok(h) => h,
-            Err(e) => return stop(position, next_offset, e.to_string()),
+            Err(e) => break Some(e.to_string()),
         };
         if total as u64 > remaining {
-            return stop(
-                position,
-                next_offset,
-                format!("torn batch at byte {position}: {total} bytes, {remaining} left"),
-            );
+            break Some(format!("torn batch at byte {position}: {total} bytes, {remaining} left"));
         }
         let meta = BatchMeta {
             position,
@@ -640,7 +810,7 @@ pub(crate) fn walk(
         };
         if validate {
             if let Err(e) = batch::validate(reader.get(position, total, size)?, position as usize) {
-                return stop(position, next_offset, e.to_string());
+                break Some(e.to_string());
             }
         }
         // Offsets increase and batches never overlap. The log cleaner leaves
@@ -649,22 +819,41 @@ pub(crate) fn walk(
         // `expected_offset` (a walk resuming at an indexed batch).
         let in_order =
             if first && exact_first { meta.base_offset == next_offset } else { meta.base_offset >= next_offset };
-        if !in_order || meta.last_offset < meta.base_offset {
-            return stop(
-                position,
-                next_offset,
-                format!(
-                    "batch at byte {position} has offsets {}..={}, expected {next_offset}",
-                    meta.base_offset, meta.last_offset
-                ),
-            );
+        if !in_order || meta.last_offset < meta.base_offset || meta.last_offset >= limit {
+            if let Some((g, before)) = gapped.take().filter(|_| !in_order) {
+                // The gap was the damage: stop before the batch that made it.
+                return Ok(WalkEnd {
+                    position: g.position,
+                    next_offset: before,
+                    error: Some(format!(
+                        "batch at byte {} claims offsets {}..={} after offset {before}, but the next batch starts at {}",
+                        g.position, g.base_offset, g.last_offset, meta.base_offset
+                    )),
+                });
+            }
+            let bound =
+                if meta.last_offset >= limit { format!(" (the segment ends at {limit})") } else { String::new() };
+            break Some(format!(
+                "batch at byte {position} has offsets {}..={}, expected {next_offset}{bound}",
+                meta.base_offset, meta.last_offset
+            ));
         }
-        f(&meta);
+        if let Some((g, _)) = gapped.take() {
+            f(&g);
+        }
+        if meta.base_offset > next_offset {
+            gapped = Some((meta, next_offset));
+        } else {
+            f(&meta);
+        }
         next_offset = meta.last_offset + 1;
         position += meta.total_bytes;
         first = false;
+    };
+    if let Some((g, _)) = gapped {
+        f(&g);
     }
-    Ok(WalkEnd { position, next_offset, error: None })
+    Ok(WalkEnd { position, next_offset, error })
 }
 
 #[cfg(test)]
@@ -710,7 +899,7 @@ mod tests {
         assert_eq!(seg.find_timestamp(1_005, 0).unwrap().unwrap().base_offset, 110);
         assert_eq!(seg.find_timestamp(1_005, 120).unwrap().unwrap().base_offset, 120);
         let entries = seg.offset_index.len();
-        let end = seg.rebuild(true, 1024, 500).unwrap();
+        let end = seg.rebuild(true, 1024, 500, i64::MAX).unwrap();
         assert_eq!(end, WalkEnd { position: buf.len() as u64, next_offset: 140, error: None });
         assert_eq!(seg.offset_index.len(), entries);
         seg.seal().unwrap();
@@ -746,7 +935,7 @@ mod tests {
         // Garble a byte of batch 3: a validating walk stops there.
         let file = OpenOptions::new().write(true).open(seg.log_path()).unwrap();
         file.write_all_at(&[0xff], metas[3].position + 70).unwrap();
-        let end = seg.rebuild(true, 1024, 300).unwrap();
+        let end = seg.rebuild(true, 1024, 300, i64::MAX).unwrap();
         assert_eq!(end.position, metas[3].position);
         assert_eq!(end.next_offset, 6);
         assert!(end.error.unwrap().contains("CRC"));

@@ -16,6 +16,7 @@ use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use strand_storage::batch;
+use strand_storage::AppendOrigin;
 use strand_storage::{Log, LogConfig};
 
 const DAY: i64 = 24 * 3600 * 1000;
@@ -62,7 +63,7 @@ fn read_records(log: &Log, from: i64) -> Vec<(i64, Option<String>, Option<String
     for s in &info.slices {
         s.read_into(&mut bytes).unwrap();
     }
-    batch::validate_all(&bytes).unwrap();
+    batch::validate_all(&bytes, AppendOrigin::Coordinator).unwrap();
     let mut buf = Bytes::from(bytes);
     let mut out = Vec::new();
     for set in RecordBatchDecoder::decode_all(&mut buf).unwrap() {
@@ -92,7 +93,7 @@ fn fill(log: &mut Log, rounds: usize, keys: usize, ts: i64, latest: &mut Latest)
             })
             .collect();
         let mut b = encode(&records, compression);
-        let info = log.append(&mut b, 1, ts).unwrap();
+        let info = log.append(&mut b, 1, AppendOrigin::Client, ts).unwrap();
         for (i, r) in records.iter().enumerate() {
             let key = String::from_utf8(r.key.clone().unwrap().to_vec()).unwrap();
             let value = r.value.as_ref().map(|v| String::from_utf8(v.to_vec()).unwrap());
@@ -101,7 +102,7 @@ fn fill(log: &mut Log, rounds: usize, keys: usize, ts: i64, latest: &mut Latest)
     }
     // Deletes of three keys, as the last word on them.
     let tombstones: Vec<Record> = (0..3).map(|i| record(Some(&format!("key-{i}")), None, i, ts)).collect();
-    let info = log.append(&mut encode(&tombstones, Compression::Gzip), 1, ts).unwrap();
+    let info = log.append(&mut encode(&tombstones, Compression::Gzip), 1, AppendOrigin::Client, ts).unwrap();
     for i in 0..3 {
         latest.insert(format!("key-{i}"), (info.base_offset + i, None));
     }

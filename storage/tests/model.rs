@@ -24,6 +24,7 @@ use kafka_protocol::records::{
 };
 use proptest::prelude::*;
 use strand_storage::batch;
+use strand_storage::AppendOrigin;
 use strand_storage::{Log, LogConfig, StorageError};
 
 #[derive(Debug, Clone)]
@@ -267,7 +268,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         .unwrap();
                     buf.extend_from_slice(&b);
                 }
-                let info = l.append(&mut buf, 5, now_ms).unwrap();
+                let info = l.append(&mut buf, 5, AppendOrigin::Client, now_ms).unwrap();
                 prop_assert_eq!(info.base_offset, model.end);
                 for (position, header, total) in batch::iter(&buf) {
                     prop_assert_eq!(header.partition_leader_epoch(), 5);
@@ -376,7 +377,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 for s in &info.slices {
                     s.read_into(&mut got).unwrap();
                 }
-                batch::validate_all(&got).unwrap();
+                batch::validate_all(&got, AppendOrigin::Coordinator).unwrap();
                 let want: Vec<_> = want.into_iter().filter(|r| r.0 >= model.start).collect();
                 let got_records: Vec<_> = records_of(&got).into_iter().filter(|r| r.0 >= model.start).collect();
                 prop_assert_eq!(&got_records, &want);

@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use strand_storage::batch::{build_control_batch, build_producer_batch};
+use strand_storage::AppendOrigin;
 use strand_storage::{AbortedTxn, Log, LogConfig, ProducerError, StorageError};
 
 fn config() -> LogConfig {
@@ -33,13 +34,13 @@ fn produce(
     let values: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 100]).collect();
     let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
     let mut b = build_producer_batch(pid, epoch, seq, txn, 1_000 + seq as i64, &refs);
-    let info = log.append(&mut b, 0, 1_000)?;
+    let info = log.append(&mut b, 0, AppendOrigin::Client, 1_000)?;
     Ok((info.base_offset, info.last_offset, info.duplicate))
 }
 
 fn marker(log: &mut Log, pid: i64, epoch: i16, commit: bool, coordinator_epoch: i32) -> Result<i64, StorageError> {
     let mut b = build_control_batch(pid, epoch, commit, coordinator_epoch, 2_000);
-    Ok(log.append(&mut b, 0, 2_000)?.base_offset)
+    Ok(log.append(&mut b, 0, AppendOrigin::Client, 2_000)?.base_offset)
 }
 
 fn snapshots(dir: &Path) -> Vec<String> {
@@ -85,7 +86,7 @@ fn idempotent_appends_duplicates_and_errors() {
     let mut good = build_producer_batch(8, 0, 0, false, 1, &[b"a"]);
     let bad = build_producer_batch(7, 1, 9, false, 1, &[b"b"]);
     good.extend_from_slice(&bad);
-    assert!(matches!(log.append(&mut good, 0, 0), Err(StorageError::Producer(_))));
+    assert!(matches!(log.append(&mut good, 0, AppendOrigin::Client, 0), Err(StorageError::Producer(_))));
     assert_eq!(log.log_end_offset(), 6);
     assert!(log.producers().iter().all(|p| p.producer_id != 8));
     assert_eq!(&read_all(&log)[..bytes.len()], &bytes[..]);

@@ -5,6 +5,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use strand_storage::batch::build_test_batch;
+use strand_storage::AppendOrigin;
 use strand_storage::{Log, LogConfig, StorageError};
 
 fn config() -> LogConfig {
@@ -17,7 +18,7 @@ fn append(log: &mut Log, n: usize, ts: i64) -> Vec<Vec<u8>> {
     (0..n)
         .map(|i| {
             let mut b = build_test_batch(0, ts + i as i64, &[&[i as u8; 150], b"second"]);
-            log.append(&mut b, 1, ts + i as i64).unwrap();
+            log.append(&mut b, 1, AppendOrigin::Client, ts + i as i64).unwrap();
             b
         })
         .collect()
@@ -147,10 +148,14 @@ fn garbage_tail_is_repaired() {
     }
 }
 
-/// Goal: a corrupt unflushed batch in the middle of several unflushed
-/// segments truncates there and deletes the later segments.
+/// Goal: damage in a segment that is not the last one is not a torn tail,
+/// even past the recovery point: the open is refused naming the file and the
+/// byte, and no later, intact segment is deleted. `Log::repair` (behind
+/// `strand --repair-log --truncate`) then cuts there on purpose.
+/// Method: flush 3 batches, append 60 more over several segments, crash,
+/// flip a byte in the second segment, reopen; then repair and reopen.
 #[test]
-fn corrupt_unflushed_batch_deletes_later_segments() {
+fn damage_in_an_earlier_unflushed_segment_refuses_open_until_repaired() {
     let dir = tempfile::tempdir().unwrap();
     let mut log = Log::open(dir.path(), config(), 0).unwrap();
     append(&mut log, 3, 1_000);
@@ -160,12 +165,100 @@ fn corrupt_unflushed_batch_deletes_later_segments() {
     drop(log);
     let files = segment_files(dir.path(), "log");
     garble(&files[1], 100);
-    let log = Log::open(dir.path(), config(), 0).unwrap();
-    assert_eq!(log.segment_count(), 2);
+    match Log::open(dir.path(), config(), 0) {
+        Err(StorageError::DamagedSegment { file, position, reason }) => {
+            assert_eq!(file, files[1]);
+            assert_eq!(position, 0, "the first batch of the segment holds byte 100");
+            assert!(reason.contains("--repair-log"), "{reason}");
+        }
+        other => panic!("expected DamagedSegment, got {other:?}"),
+    }
+    assert!(files.iter().all(|f| f.exists()), "no segment deleted by a refused open");
+    // Still refused on the next try: nothing was changed.
+    assert!(matches!(Log::open(dir.path(), config(), 0), Err(StorageError::DamagedSegment { .. })));
+
+    let (log, cut) = Log::repair(dir.path(), config(), 0).unwrap();
+    let cut = cut.expect("the repair cut the log");
     let base: i64 = files[1].file_stem().unwrap().to_str().unwrap().parse().unwrap();
+    assert_eq!((cut.file.as_path(), cut.position, cut.offset), (files[1].as_path(), 0, base));
+    assert_eq!(cut.segments_deleted, files.len() - 2);
     assert_eq!(log.log_end_offset(), base);
     assert!(!files[2].exists());
     assert!(read_all(&log, 6).starts_with(&batches[0]));
+    log.close().unwrap();
+    let log = Log::open(dir.path(), config(), 0).unwrap();
+    assert_eq!(log.log_end_offset(), base);
+}
+
+/// Goal: bytes a process did not write and recovery did not re-read (sealed
+/// segments after a clean shutdown) are checked before a read serves them,
+/// so a flipped record byte or a flipped base offset (outside the CRC) is an
+/// error, never data; the scrubber finds the same damage without a read.
+/// Method: 40 batches over several segments, clean close, flip a byte in a
+/// sealed segment, reopen (which succeeds: only the last segment is
+/// checked after a clean shutdown), read across it, scrub.
+#[test]
+fn unverified_damage_is_refused_by_reads_and_found_by_the_scrubber() {
+    for (what, at) in [("a record byte", 100u64), ("the base offset", 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        append(&mut log, 80, 1_000);
+        assert!(log.segment_count() >= 4);
+        log.close().unwrap();
+        let files = segment_files(dir.path(), "log");
+        garble(&files[1], at);
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        // A read from the start serves the first segment and stops before the damaged one.
+        let served = log.read(0, usize::MAX, i64::MAX, true).unwrap();
+        assert_eq!(served.bytes as u64, std::fs::metadata(&files[0]).unwrap().len(), "{what}");
+        let base: i64 = files[1].file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        match log.read(base, usize::MAX, i64::MAX, true) {
+            Err(StorageError::DamagedSegment { file, .. }) => assert_eq!(file, files[1], "{what}"),
+            other => panic!("{what}: expected DamagedSegment, got {other:?}"),
+        }
+        // The scrubber: the never-verified segments come first; the damaged one fails.
+        let mut found = None;
+        while let Some((base, job)) = log.scrub_next(10_000, 1_000_000) {
+            match job.run(&mut |_| true) {
+                Ok(done) => {
+                    assert!(done);
+                    log.finish_scrub(base, &job, 10_000);
+                }
+                Err(e) => {
+                    found = Some(e);
+                    break;
+                }
+            }
+        }
+        match found {
+            Some(StorageError::DamagedSegment { file, .. }) => assert_eq!(file, files[1], "{what}"),
+            other => panic!("{what}: the scrubber found {other:?}"),
+        }
+    }
+}
+
+/// Goal: a scrubbed log is served without re-checking, and the
+/// scrubber is done once every segment is verified (until the interval).
+#[test]
+fn scrubbing_an_intact_log_verifies_every_segment_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), config(), 0).unwrap();
+    let batches = append(&mut log, 40, 1_000);
+    log.close().unwrap();
+    let log = Log::open(dir.path(), config(), 0).unwrap();
+    let mut jobs = 0;
+    while let Some((base, job)) = log.scrub_next(5_000, 1_000_000) {
+        assert!(job.run(&mut |_| true).unwrap());
+        log.finish_scrub(base, &job, 5_000);
+        jobs += 1;
+        assert!(jobs <= log.segment_count(), "each segment once");
+    }
+    // Every sealed segment, and the active one up to its last index entry
+    // (a clean open checks only the tail after it).
+    assert_eq!(jobs, log.segment_count());
+    assert!(log.scrub_next(5_000 + 999_999, 1_000_000).is_none());
+    assert!(log.scrub_next(5_000 + 1_000_000, 1_000_000).is_some(), "due again after the interval");
+    assert_eq!(read_all(&log, 0), batches.concat());
 }
 
 /// Goal: retention by time and by bytes deletes whole old segments and
@@ -279,7 +372,7 @@ fn rolls_by_time_and_full_index() {
     append(&mut log, 3, 10_000);
     assert_eq!(log.segment_count(), 1);
     let mut b = build_test_batch(0, 11_500, &[b"late"]);
-    log.append(&mut b, 1, 11_500).unwrap();
+    log.append(&mut b, 1, AppendOrigin::Client, 11_500).unwrap();
     assert_eq!(log.segment_count(), 2);
 
     let dir = tempfile::tempdir().unwrap();

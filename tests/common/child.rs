@@ -11,11 +11,18 @@ pub struct ChildBroker {
     child: Option<Child>,
     port: u16,
     starts: usize,
+    /// Extra `server.properties` lines, appended to the defaults.
+    extra: String,
 }
 
 impl ChildBroker {
     pub fn new(dir: &Path) -> ChildBroker {
-        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0 }
+        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0, extra: String::new() }
+    }
+
+    /// Adds `key=value` lines to the properties of every later start.
+    pub fn set_properties(&mut self, lines: &[&str]) {
+        self.extra = lines.iter().map(|l| format!("{l}\n")).collect();
     }
 
     pub fn log_dir(&self) -> PathBuf {
@@ -48,7 +55,7 @@ impl ChildBroker {
         }
         self.starts += 1;
         let config = self.dir.join("server.properties");
-        std::fs::write(&config, super::properties(&self.log_dir(), self.port)).unwrap();
+        std::fs::write(&config, super::properties(&self.log_dir(), self.port) + &self.extra).unwrap();
         let stderr = std::fs::File::create(self.stderr_path()).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_strand"))
             .arg("--config")
