@@ -14,10 +14,12 @@ use memmap2::MmapMut;
 
 use crate::error::{Result, StorageError};
 
+/// The file is opened only while it is mapped, resized or synced: a mapping
+/// stays valid without its descriptor, so an index holds none (a partition
+/// costs one descriptor per segment, for its log file).
 #[derive(Debug)]
 pub(crate) struct IndexFile {
     path: PathBuf,
-    file: File,
     /// `None` when the mapped length is zero (mapping nothing is not portable).
     mmap: Option<MmapMut>,
     entry_bytes: usize,
@@ -42,10 +44,10 @@ impl IndexFile {
             .map_err(|e| StorageError::io(path, e))?;
         let len = file.metadata().map_err(|e| StorageError::io(path, e))?.len();
         let whole = existed && len % entry_bytes as u64 == 0 && len <= u32::MAX as u64;
-        let mut index = IndexFile { path: path.to_path_buf(), file, mmap: None, entry_bytes, entries: 0, capacity: 0 };
+        let mut index = IndexFile { path: path.to_path_buf(), mmap: None, entry_bytes, entries: 0, capacity: 0 };
         if whole {
             let entries = (len / entry_bytes as u64) as usize;
-            index.map(entries)?;
+            index.map(&file, entries)?;
             index.entries = entries;
         } else {
             index.resize(0)?;
@@ -53,13 +55,17 @@ impl IndexFile {
         Ok((index, whole))
     }
 
-    fn map(&mut self, capacity: usize) -> Result<()> {
+    fn reopen(&self) -> Result<File> {
+        OpenOptions::new().read(true).write(true).open(&self.path).map_err(|e| StorageError::io(&self.path, e))
+    }
+
+    fn map(&mut self, file: &File, capacity: usize) -> Result<()> {
         self.mmap = None;
         self.capacity = capacity;
         if capacity > 0 {
             // SAFETY: the file is private to this log directory and only this
             // process maps or changes it; its length is `capacity` entries.
-            let mmap = unsafe { MmapMut::map_mut(&self.file) }.map_err(|e| StorageError::io(&self.path, e))?;
+            let mmap = unsafe { MmapMut::map_mut(file) }.map_err(|e| StorageError::io(&self.path, e))?;
             if mmap.len() != capacity * self.entry_bytes {
                 return Err(StorageError::CorruptFile {
                     file: self.path.clone(),
@@ -74,13 +80,15 @@ impl IndexFile {
     /// Sets the file's capacity in entries (preallocating or trimming), keeping
     /// the entries that still fit.
     pub fn resize(&mut self, capacity: usize) -> Result<()> {
-        if let Some(m) = &self.mmap {
-            m.flush().map_err(|e| StorageError::io(&self.path, e))?;
-        }
+        // No msync first: unmapping a shared mapping keeps its dirty pages in
+        // the page cache, and durability is `flush`'s job. (A synchronous
+        // write-back here made reopening a crashed log write its whole
+        // preallocated index: seconds per hundred partitions.)
         self.mmap = None;
-        self.file.set_len((capacity * self.entry_bytes) as u64).map_err(|e| StorageError::io(&self.path, e))?;
+        let file = self.reopen()?;
+        file.set_len((capacity * self.entry_bytes) as u64).map_err(|e| StorageError::io(&self.path, e))?;
         self.entries = self.entries.min(capacity);
-        self.map(capacity)
+        self.map(&file, capacity)
     }
 
     pub fn path(&self) -> &Path {
@@ -119,12 +127,23 @@ impl IndexFile {
         self.entries = n;
     }
 
+    /// Forgets every entry by emptying the file, rather than zeroing the
+    /// mapping: after a crash a preallocated index looks like `capacity`
+    /// entries, and zero-filling them would dirty every page of it.
+    pub fn clear(&mut self) -> Result<()> {
+        self.mmap = None;
+        self.reopen()?.set_len(0).map_err(|e| StorageError::io(&self.path, e))?;
+        self.entries = 0;
+        self.capacity = 0;
+        Ok(())
+    }
+
     /// Writes the mapped entries and the file length to disk.
     pub fn flush(&self) -> Result<()> {
         if let Some(m) = &self.mmap {
             m.flush().map_err(|e| StorageError::io(&self.path, e))?;
         }
-        self.file.sync_all().map_err(|e| StorageError::io(&self.path, e))
+        self.reopen()?.sync_all().map_err(|e| StorageError::io(&self.path, e))
     }
 }
 

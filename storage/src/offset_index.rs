@@ -113,8 +113,9 @@ impl OffsetIndex {
         self.file.truncate(keep);
     }
 
-    pub fn reset(&mut self) {
-        self.file.truncate(0);
+    /// Forgets every entry (the file is emptied; see `IndexFile::clear`).
+    pub fn reset(&mut self) -> Result<()> {
+        self.file.clear()
     }
 
     /// Preallocates room for `max_bytes` of entries (an active segment).

@@ -57,7 +57,9 @@ pub(crate) struct Segment {
     base_offset: i64,
     log_path: Arc<PathBuf>,
     reader: Arc<File>,
-    writer: Option<File>,
+    /// The active segment's handle for appends: the same descriptor as
+    /// `reader` (opened read + append), so a segment costs one descriptor.
+    writer: Option<Arc<File>>,
     size_bytes: u64,
     next_offset: i64,
     offset_index: OffsetIndex,
@@ -106,8 +108,12 @@ impl Segment {
         extra: &str,
     ) -> Result<Segment> {
         let log_path = dir.join(file_name(base_offset, LOG_SUFFIX) + extra);
-        let writer =
-            OpenOptions::new().create(true).append(true).open(&log_path).map_err(|e| StorageError::io(&log_path, e))?;
+        let writer = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| StorageError::io(&log_path, e))?;
         let len = writer.metadata().map_err(|e| StorageError::io(&log_path, e))?.len();
         if len != 0 {
             return Err(StorageError::CorruptFile {
@@ -116,9 +122,10 @@ impl Segment {
             });
         }
         let mut segment = Segment::open_with_suffix(dir, base_offset, now_ms, extra)?;
-        segment.offset_index.reset();
-        segment.time_index.reset();
-        segment.writer = Some(writer);
+        segment.offset_index.reset()?;
+        segment.time_index.reset()?;
+        segment.reader = Arc::new(writer);
+        segment.writer = Some(Arc::clone(&segment.reader));
         segment.indexes_ok = true;
         segment.trusted_from = 0;
         segment.scrubbed_ms = AtomicI64::new(now_ms);
@@ -237,10 +244,14 @@ impl Segment {
     pub fn activate(&mut self, index_max_bytes: u32) -> Result<()> {
         if self.writer.is_none() {
             let writer = OpenOptions::new()
+                .read(true)
                 .append(true)
                 .open(&*self.log_path)
                 .map_err(|e| StorageError::io(&*self.log_path, e))?;
-            self.writer = Some(writer);
+            // One descriptor for both: the read-only one goes (slices that
+            // hold it keep it open until they are sent).
+            self.reader = Arc::new(writer);
+            self.writer = Some(Arc::clone(&self.reader));
         }
         self.offset_index.preallocate(index_max_bytes)?;
         self.time_index.preallocate(index_max_bytes)?;
@@ -395,7 +406,7 @@ impl Segment {
         metas: &[BatchMeta],
         index_interval_bytes: u32,
     ) -> Result<()> {
-        let writer = self.writer.as_mut().expect("append to a sealed segment");
+        let mut writer: &File = self.writer.as_deref().expect("append to a sealed segment");
         let len: usize = parts.iter().map(|p| p.len()).sum();
         let mut rest = parts;
         while !rest.is_empty() {
@@ -460,8 +471,8 @@ impl Segment {
         index_interval_bytes: u32,
         limit: i64,
     ) -> Result<WalkEnd> {
-        self.offset_index.reset();
-        self.time_index.reset();
+        self.offset_index.reset()?;
+        self.time_index.reset()?;
         self.offset_index.preallocate(index_max_bytes)?;
         self.time_index.preallocate(index_max_bytes)?;
         self.max_timestamp = -1;

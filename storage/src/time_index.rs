@@ -104,8 +104,9 @@ impl TimeIndex {
         self.file.truncate(keep);
     }
 
-    pub fn reset(&mut self) {
-        self.file.truncate(0);
+    /// Forgets every entry (the file is emptied; see `IndexFile::clear`).
+    pub fn reset(&mut self) -> Result<()> {
+        self.file.clear()
     }
 
     /// Preallocates room for `max_bytes` of entries (an active segment).

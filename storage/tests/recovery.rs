@@ -411,3 +411,57 @@ fn corrupt_checkpoint_is_an_error() {
     garble(&dir.path().join("checkpoint"), 10);
     assert!(matches!(Log::open(dir.path(), config(), 0), Err(StorageError::CorruptFile { .. })));
 }
+
+fn inode(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).unwrap().ino()
+}
+
+/// Goal: reopening after a crash with nothing written since the last flush
+/// (an idle broker killed) rewrites nothing: the checkpoint stays the same
+/// file (a rewrite is a rename, a new inode), and the log is as it was. An
+/// empty log likewise. Restart then costs no fsync per partition.
+#[test]
+fn reopen_after_a_crash_with_nothing_unflushed_rewrites_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), config(), 0).unwrap();
+    let batches = append(&mut log, 30, 1_000);
+    log.flush().unwrap();
+    drop(log); // kill -9
+    let checkpoint = dir.path().join("checkpoint");
+    let before = (inode(&checkpoint), std::fs::read(&checkpoint).unwrap());
+    let log = Log::open(dir.path(), config(), 0).unwrap();
+    assert_eq!((inode(&checkpoint), std::fs::read(&checkpoint).unwrap()), before, "checkpoint untouched");
+    assert_eq!(read_all(&log, 0), batches.concat());
+    assert_eq!(log.recovery_point(), log.log_end_offset());
+    drop(log);
+
+    let empty = tempfile::tempdir().unwrap();
+    drop(Log::open(empty.path(), config(), 0).unwrap());
+    let checkpoint = empty.path().join("checkpoint");
+    let before = inode(&checkpoint);
+    drop(Log::open(empty.path(), config(), 0).unwrap());
+    assert_eq!(inode(&checkpoint), before, "an empty log reopened after a crash: checkpoint untouched");
+}
+
+/// Goal: the background flush (log.flush.offset.checkpoint.interval.ms)
+/// moves the recovery point to the log end as it was when planned, even if
+/// appends came between the plan's fsync and its completion, and a crash
+/// after it recovers from there.
+#[test]
+fn background_flush_moves_the_recovery_point_over_what_it_synced() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = Log::open(dir.path(), config(), 0).unwrap();
+    append(&mut log, 30, 1_000);
+    let end = log.log_end_offset();
+    assert!(log.recovery_point() < end);
+    let plan = log.flush_plan().expect("unflushed data");
+    plan.sync().unwrap();
+    append(&mut log, 3, 5_000); // appended while the plan was synced
+    assert!(log.complete_flush(plan).unwrap());
+    assert_eq!(log.recovery_point(), end, "not past what the plan synced");
+    assert!(log.flush_plan().is_some(), "the later appends are still unflushed");
+    drop(log);
+    let log = Log::open(dir.path(), config(), 0).unwrap();
+    assert_eq!(log.log_end_offset(), end + 6);
+}
