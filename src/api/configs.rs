@@ -50,6 +50,8 @@ fn static_broker_entries(ctx: &RequestContext) -> Vec<Entry> {
         ("delete.topic.enable", c.delete_topic_enable.to_string(), ConfigType::Boolean),
         ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), ConfigType::Int),
         ("max.connections", c.max_connections.to_string(), ConfigType::Int),
+        ("connections.max.idle.ms", c.connections_max_idle_ms.map_or(-1, |v| v as i64).to_string(), ConfigType::Long),
+        ("queued.max.request.bytes", c.queued_max_request_bytes.map_or(-1, |v| v as i64).to_string(), ConfigType::Long),
         ("log.retention.check.interval.ms", c.log_retention_check_interval_ms.to_string(), ConfigType::Long),
         ("fetch.max.bytes", c.fetch_max_bytes.to_string(), ConfigType::Int),
     ];
