@@ -13,6 +13,7 @@ use crate::api::fetch_session::FetchSessionCache;
 use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
 use crate::replica::{ReplicaManager, TopicError};
+use crate::server::memory_pool::MemoryPool;
 use crate::txn::TxnCoordinator;
 
 /// Shared state every connection sees.
@@ -21,6 +22,8 @@ pub struct BrokerState {
     groups: Arc<GroupCoordinator>,
     txns: TxnCoordinator,
     fetch_sessions: Mutex<FetchSessionCache>,
+    /// Bytes of requests being received or handled (`queued.max.request.bytes`).
+    request_pool: Arc<MemoryPool>,
 }
 
 impl BrokerState {
@@ -34,6 +37,10 @@ impl BrokerState {
 
     pub fn txns(&self) -> &TxnCoordinator {
         &self.txns
+    }
+
+    pub fn request_pool(&self) -> &Arc<MemoryPool> {
+        &self.request_pool
     }
 
     pub fn lock_fetch_sessions(&self) -> MutexGuard<'_, FetchSessionCache> {
@@ -96,6 +103,7 @@ impl Broker {
         let txns = TxnCoordinator::start(replicas.clone(), groups.clone(), config.txn.clone(), shutdown_rx.clone())?;
         let state = Arc::new(BrokerState {
             fetch_sessions: Mutex::new(FetchSessionCache::new(config.fetch_session_cache_slots)),
+            request_pool: Arc::new(MemoryPool::new(config.queued_max_request_bytes)),
             groups,
             txns,
             replicas,

@@ -102,6 +102,12 @@ pub struct BrokerConfig {
     /// `log.scrub.*`: the background verifier of cold segments.
     pub scrub: ScrubConfig,
     pub socket_request_max_bytes: usize,
+    /// `connections.max.idle.ms`: a connection with no complete request for
+    /// this long (and none being handled or answered) is closed. `None` (-1): never.
+    pub connections_max_idle_ms: Option<u64>,
+    /// `queued.max.request.bytes`: bytes of requests being received or handled,
+    /// across all connections, before connections stop reading. `None` (-1): no bound.
+    pub queued_max_request_bytes: Option<usize>,
     pub max_connections: usize,
     /// Tokio worker threads; `num.io.threads` in Kafka terms. 0 = one per core.
     pub num_io_threads: usize,
@@ -205,6 +211,10 @@ impl Default for BrokerConfig {
             log_flush_offset_checkpoint_interval_ms: 60_000,
             scrub: ScrubConfig::default(),
             socket_request_max_bytes: 104_857_600,
+            connections_max_idle_ms: Some(600_000),
+            // Kafka's default is -1 (no bound); one largest-possible request
+            // (socket.request.max.bytes' default) keeps memory bounded out of the box.
+            queued_max_request_bytes: Some(104_857_600),
             max_connections: 10_000,
             num_io_threads: 0,
             fetch_session_cache_slots: 1000,
@@ -369,6 +379,12 @@ impl BrokerConfig {
                 }
                 "socket.request.max.bytes" => {
                     config.socket_request_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "connections.max.idle.ms" => {
+                    config.connections_max_idle_ms = parse_positive_or_off(value).map_err(invalid)?.map(|v| v as u64)
+                }
+                "queued.max.request.bytes" => {
+                    config.queued_max_request_bytes = parse_positive_or_off(value).map_err(invalid)?.map(|v| v as usize)
                 }
                 "max.connections" => {
                     config.max_connections = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as usize
@@ -544,6 +560,16 @@ pub fn parse_int(value: &str, min: i64, max: i64) -> Result<i64, String> {
     Ok(v)
 }
 
+/// A positive integer, or -1 for "off" (Kafka's spelling for no limit).
+pub fn parse_positive_or_off(value: &str) -> Result<Option<i64>, String> {
+    match parse_int(value, -1, i64::MAX) {
+        Ok(-1) => Ok(None),
+        Ok(0) => Err("must be positive, or -1 for no limit".into()),
+        Ok(v) => Ok(Some(v)),
+        Err(_) => Err(format!("must be between 1 and {}, or -1 for no limit", i64::MAX)),
+    }
+}
+
 pub fn parse_bool(value: &str) -> Result<bool, String> {
     match value.trim().to_ascii_lowercase().as_str() {
         "true" => Ok(true),
@@ -588,6 +614,20 @@ mod tests {
             .to_string();
         assert!(err.contains("server.properties line 2"), "{err}");
         assert!(err.contains("num.partitions"), "{err}");
+    }
+
+    #[test]
+    fn connection_limits_parse_with_kafka_spellings() {
+        let c = BrokerConfig::default();
+        assert_eq!((c.connections_max_idle_ms, c.queued_max_request_bytes), (Some(600_000), Some(104_857_600)));
+        let c = BrokerConfig::from_properties("connections.max.idle.ms=300\nqueued.max.request.bytes=-1\n", "t", &[])
+            .unwrap();
+        assert_eq!((c.connections_max_idle_ms, c.queued_max_request_bytes), (Some(300), None));
+        for bad in ["connections.max.idle.ms=0", "queued.max.request.bytes=lots", "queued.max.request.bytes=-2"] {
+            let err = BrokerConfig::from_properties(bad, "server.properties", &[]).unwrap_err().to_string();
+            let key = bad.split('=').next().unwrap();
+            assert!(err.contains(key) && err.contains("line 1"), "{err}");
+        }
     }
 
     #[test]

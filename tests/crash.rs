@@ -501,8 +501,11 @@ async fn damage_in_a_sealed_segment_is_never_served() {
         ("record byte, scrubber", true, false),
     ] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut broker = ChildBroker::new(tmp.path());
-        broker.set_properties(&[if scrub { "log.scrub.enable=true" } else { "log.scrub.enable=false" }]);
+        let mut broker = ChildBroker::new(tmp.path()).with_properties(&[if scrub {
+            "log.scrub.enable=true"
+        } else {
+            "log.scrub.enable=false"
+        }]);
         broker.start();
         let topic = "sealed";
         common::create_topic(&broker.bootstrap(), topic, 1, &[("segment.bytes", "65536")]).await;

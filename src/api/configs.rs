@@ -50,7 +50,17 @@ fn static_broker_entries(ctx: &RequestContext) -> Vec<Entry> {
         ("delete.topic.enable", c.delete_topic_enable.to_string(), ConfigType::Boolean),
         ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), ConfigType::Int),
         ("max.connections", c.max_connections.to_string(), ConfigType::Int),
+        ("connections.max.idle.ms", c.connections_max_idle_ms.map_or(-1, |v| v as i64).to_string(), ConfigType::Long),
+        ("queued.max.request.bytes", c.queued_max_request_bytes.map_or(-1, |v| v as i64).to_string(), ConfigType::Long),
         ("log.retention.check.interval.ms", c.log_retention_check_interval_ms.to_string(), ConfigType::Long),
+        (
+            "log.flush.offset.checkpoint.interval.ms",
+            c.log_flush_offset_checkpoint_interval_ms.to_string(),
+            ConfigType::Int,
+        ),
+        ("log.scrub.enable", c.scrub.enable.to_string(), ConfigType::Boolean),
+        ("log.scrub.bytes.per.second", c.scrub.bytes_per_second.to_string(), ConfigType::Long),
+        ("log.scrub.interval.ms", c.scrub.interval_ms.to_string(), ConfigType::Long),
         ("fetch.max.bytes", c.fetch_max_bytes.to_string(), ConfigType::Int),
     ];
     items

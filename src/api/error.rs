@@ -68,6 +68,9 @@ pub fn topic_code(e: &TopicError) -> i16 {
         TopicError::UnknownId(_) => ResponseError::UnknownTopicId,
         TopicError::InvalidName(_) => ResponseError::InvalidTopicException,
         TopicError::InvalidPartitions(_) | TopicError::TooManyPartitions(_) => ResponseError::InvalidPartitions,
+        // Like PARTITIONS_MAX, a bound on the partitions this broker can host;
+        // not retriable (it lasts until the limit is raised or topics go).
+        TopicError::FileDescriptorLimit { .. } => ResponseError::InvalidPartitions,
         TopicError::InvalidReplicationFactor(_) => ResponseError::InvalidReplicationFactor,
         TopicError::InvalidReplicaAssignment(_) => ResponseError::InvalidReplicaAssignment,
         TopicError::InvalidConfig(_) => ResponseError::InvalidConfig,

@@ -15,6 +15,33 @@ use crate::replica::{validate_topic_name, Topic, TopicError};
 /// Kafka's sentinel for "authorized operations not requested".
 const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
 
+/// Most topics one Metadata request auto-creates. Each creation opens files
+/// and rewrites the metadata file while the request waits; one request naming
+/// thousands of unknown topics must not exhaust the broker's descriptors or
+/// stall it. Clients naming a few new topics never meet the bound.
+pub const AUTO_CREATE_TOPICS_PER_REQUEST: usize = 100;
+
+/// Most partitions one Metadata request auto-creates (at least one topic is
+/// always created, whatever num.partitions is).
+pub const AUTO_CREATE_PARTITIONS_PER_REQUEST: usize = 1000;
+
+/// How much auto-creation one request has left.
+struct AutoCreateBudget {
+    topics: usize,
+    partitions: usize,
+}
+
+impl AutoCreateBudget {
+    fn allows(&self, partitions: usize) -> bool {
+        self.topics < AUTO_CREATE_TOPICS_PER_REQUEST
+            && (self.topics == 0 || self.partitions + partitions <= AUTO_CREATE_PARTITIONS_PER_REQUEST)
+    }
+    fn spend(&mut self, partitions: usize) {
+        self.topics += 1;
+        self.partitions += partitions;
+    }
+}
+
 pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
     let state = &ctx.state;
     let config = state.config();
@@ -42,6 +69,8 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
         Some(list) => {
             // v4+ carries the flag; earlier versions always allowed auto-creation.
             let allow_auto = ctx.version < 4 || req.allow_auto_topic_creation;
+            let mut budget = AutoCreateBudget { topics: 0, partitions: 0 };
+            let partitions_per_topic = config.num_partitions.max(1) as usize;
             for requested in list {
                 let by_id = requested.topic_id != Uuid::nil();
                 match (&requested.name, by_id) {
@@ -62,8 +91,25 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
                             continue;
                         }
                         if allow_auto && config.auto_create_topics_enable && !name_str.starts_with("__") {
+                            if !budget.allows(partitions_per_topic) {
+                                // Over this request's budget: LEADER_NOT_AVAILABLE is what
+                                // Kafka answers for a topic still being created, and clients
+                                // (librdkafka, Java) retry Metadata on it; the retry creates
+                                // the next batch. On UNKNOWN_TOPIC_OR_PARTITION librdkafka
+                                // fails the topic's queued messages once
+                                // topic.metadata.propagation.max.ms has passed.
+                                topics.push(topic_error(
+                                    Some(name.clone()),
+                                    Uuid::nil(),
+                                    ResponseError::LeaderNotAvailable.code(),
+                                ));
+                                continue;
+                            }
                             match state.replicas.create_topic(name_str, -1, -1, Default::default(), false) {
-                                Ok(t) => topics.push(topic_metadata(&t, node)),
+                                Ok(t) => {
+                                    budget.spend(t.partitions.len());
+                                    topics.push(topic_metadata(&t, node))
+                                }
                                 // Lost a race with another creator: report what exists now.
                                 Err(TopicError::AlreadyExists(_)) => match state.replicas.topic(name_str) {
                                     Some(t) => topics.push(topic_metadata(&t, node)),

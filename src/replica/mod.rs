@@ -6,6 +6,7 @@
 //! operation doing file I/O. Admin operations are serialised by the metadata
 //! store's mutex, write the metadata file, then publish a new map.
 
+pub mod fd_room;
 pub mod partition;
 
 use std::collections::{BTreeMap, HashMap};
@@ -80,6 +81,12 @@ pub enum TopicError {
     DeletionDisabled,
     #[error("the number of partitions would exceed {0}")]
     TooManyPartitions(usize),
+    #[error(
+        "{partitions} new partitions need about {needed} file descriptors, but {open} of this process's \
+         {limit} (RLIMIT_NOFILE, `ulimit -n`) are open and {headroom} are kept free: room for {fit} more \
+         partitions; raise the file-descriptor limit or create fewer partitions"
+    )]
+    FileDescriptorLimit { partitions: usize, needed: u64, open: u64, limit: u64, headroom: u64, fit: u64 },
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
@@ -175,6 +182,8 @@ impl ReplicaManager {
         // checkpoint): a few threads overlap those waits, which is what makes
         // creating the 50-partition internal topics (and start-up) fast.
         let next = std::sync::atomic::AtomicI32::new(first);
+        // After a failure the result is an error whatever the rest do: stop opening.
+        let failed = std::sync::atomic::AtomicBool::new(false);
         let mut opened: Vec<(i32, Result<Arc<Partition>, TopicError>)> = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..n.min(OPEN_THREADS))
                 .map(|_| {
@@ -182,10 +191,14 @@ impl ReplicaManager {
                         let mut done = Vec::new();
                         loop {
                             let p = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if p >= count {
+                            if p >= count || failed.load(std::sync::atomic::Ordering::Relaxed) {
                                 return done;
                             }
-                            done.push((p, open(p)));
+                            let result = open(p);
+                            if result.is_err() {
+                                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            done.push((p, result));
                         }
                     })
                 })
@@ -193,7 +206,71 @@ impl ReplicaManager {
             workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e))).collect()
         });
         opened.sort_by_key(|(p, _)| *p);
+        if failed.into_inner() {
+            // Workers stopped early, so indexes may be missing: report the first failure.
+            let error = opened.into_iter().find_map(|(_, r)| r.err());
+            return Err(error.expect("a failed open left its error"));
+        }
         opened.into_iter().map(|(_, r)| r).collect()
+    }
+
+    /// Creates the logs of new partitions `first..count`, all or nothing: on
+    /// failure every partition directory this call made is removed again.
+    /// Returns the partitions and those directories (to remove if a later
+    /// step of the operation fails).
+    fn create_partition_logs(
+        config: &BrokerConfig,
+        effective: &EffectiveTopicConfig,
+        name: &str,
+        first: i32,
+        count: i32,
+    ) -> Result<(Vec<Arc<Partition>>, Vec<PathBuf>), TopicError> {
+        // Only directories that do not exist yet are ours to remove: something
+        // already at a partition's path (a stale directory, a stray file) is left alone.
+        let made: Vec<PathBuf> = (first..count)
+            .map(|p| Self::partition_dir(config, name, p))
+            .filter(|dir| dir.symlink_metadata().is_err())
+            .collect();
+        match Self::open_partitions(config, effective, name, first, count) {
+            // The logs opened before the failure are closed by now (dropped).
+            Err(e) => {
+                tracing::warn!(topic = name, first, count, error = %e, "cannot create partitions; removing what was made");
+                Self::remove_dirs(&made);
+                Err(e)
+            }
+            Ok(partitions) => Ok((partitions, made)),
+        }
+    }
+
+    /// Removes directories a failed create made (their logs must be closed).
+    fn remove_dirs(dirs: &[PathBuf]) {
+        for dir in dirs {
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "cannot remove directory of a failed create")
+                }
+            }
+        }
+    }
+
+    /// Refuses `partitions` new partitions up front when their open files
+    /// would not fit under RLIMIT_NOFILE.
+    fn check_fd_room(partitions: usize) -> Result<(), TopicError> {
+        let Some(room) = fd_room::FdRoom::current() else { return Ok(()) };
+        let fit = room.partitions_that_fit();
+        if partitions as u64 <= fit {
+            return Ok(());
+        }
+        Err(TopicError::FileDescriptorLimit {
+            partitions,
+            needed: partitions as u64 * fd_room::FDS_PER_PARTITION,
+            open: room.open,
+            limit: room.limit,
+            headroom: fd_room::HEADROOM,
+            fit,
+        })
     }
 
     fn open_topic(
@@ -323,6 +400,7 @@ impl ReplicaManager {
         if self.total_partitions() + partitions as usize > PARTITIONS_MAX {
             return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
         }
+        Self::check_fd_room(partitions as usize)?;
         let record = TopicRecord { id: Uuid::new_v4(), partitions, configs, internal: name.starts_with("__") };
         if validate_only {
             return Ok(Arc::new(Topic {
@@ -333,13 +411,20 @@ impl ReplicaManager {
                 partitions: Vec::new(),
             }));
         }
-        let topic = Arc::new(Self::open_topic(&self.config, &self.dynamic_configs(), name, &record, 0)?);
+        let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &record.configs);
+        let (opened, made) = Self::create_partition_logs(&self.config, &effective, name, 0, partitions)?;
+        let topic = Arc::new(Topic {
+            name: name.to_string(),
+            id: record.id,
+            internal: record.internal,
+            configs: record.configs.clone(),
+            partitions: opened,
+        });
         store.image.topics.insert(name.to_string(), record);
         if let Err(e) = store.save() {
             store.image.topics.remove(name);
-            for p in &topic.partitions {
-                let _ = p.delete();
-            }
+            drop(topic); // closes the logs: nothing else holds the unpublished topic
+            Self::remove_dirs(&made);
             return Err(e.into());
         }
         self.publish(|m| m.insert(topic.clone()));
@@ -384,15 +469,21 @@ impl ReplicaManager {
         if self.total_partitions() + (count - record.partitions) as usize > PARTITIONS_MAX {
             return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
         }
+        Self::check_fd_room((count - record.partitions) as usize)?;
         if validate_only {
             return Ok(());
         }
         let current = self.topic(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
         let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &record.configs);
-        let added = Self::open_partitions(&self.config, &effective, name, record.partitions, count)?;
-        let new_record = TopicRecord { partitions: count, ..record };
+        let (added, made) = Self::create_partition_logs(&self.config, &effective, name, record.partitions, count)?;
+        let new_record = TopicRecord { partitions: count, ..record.clone() };
         store.image.topics.insert(name.to_string(), new_record);
-        store.save()?;
+        if let Err(e) = store.save() {
+            store.image.topics.insert(name.to_string(), record);
+            drop(added);
+            Self::remove_dirs(&made);
+            return Err(e.into());
+        }
         let mut partitions = current.partitions.clone();
         partitions.extend(added);
         let topic = Arc::new(Topic {

@@ -7,22 +7,40 @@
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use bytes::BytesMut;
 use tokio::io::{AsyncWriteExt, BufWriter, Interest};
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::api::response::Response;
 use crate::api::{self, Outcome};
 use crate::broker::BrokerState;
-use crate::server::frame::read_frame;
+use crate::server::frame::FrameReader;
 
 /// Responses queued for the writer before the reader stops taking requests:
 /// the bound on in-flight work per connection.
 const RESPONSES_QUEUED_MAX: usize = 32;
+
+/// What the writer has left to do, for the idle check: a connection whose
+/// responses are still going out is not idle, and its idle time starts when
+/// the last one is out.
+#[derive(Default)]
+struct WriterProgress {
+    unwritten: AtomicUsize,
+    last_written: Mutex<Option<Instant>>,
+}
+
+impl WriterProgress {
+    fn written(&self) {
+        *self.last_written.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let _ = self.unwritten.fetch_update(Ordering::Release, Ordering::Relaxed, |n| n.checked_sub(1));
+    }
+}
 
 pub async fn run(
     state: Arc<BrokerState>,
@@ -33,17 +51,40 @@ pub async fn run(
 ) {
     let (mut reader, writer) = socket.into_split();
     let (tx, rx) = mpsc::channel::<Response>(RESPONSES_QUEUED_MAX);
-    let writer_task = tokio::spawn(write_loop(writer, rx, peer));
-    let max = state.config().socket_request_max_bytes;
-    let mut buf = BytesMut::new();
+    let progress = Arc::new(WriterProgress::default());
+    let writer_task = tokio::spawn(write_loop(writer, rx, peer, progress.clone()));
+    let mut frames = FrameReader::new(state.config().socket_request_max_bytes, state.request_pool().clone());
+    // connections.max.idle.ms: bytes of a request trickling in do not count
+    // as activity, only complete requests and responses do.
+    let idle_max = state.config().connections_max_idle_ms.map(Duration::from_millis);
+    let mut last_request = Instant::now();
     tracing::debug!(%peer, "connection opened");
     loop {
+        // A deadline past what Instant can hold is no deadline.
+        let idle_deadline = idle_max.and_then(|max| last_request.checked_add(max));
         let frame = tokio::select! {
             biased;
             _ = crate::server::listener::wait_shutdown(&mut shutdown) => break,
             // The writer gave up (socket error, or records it could not send): close.
             _ = tx.closed() => break,
-            frame = read_frame(&mut reader, max, &mut buf) => frame,
+            frame = frames.next(&mut reader) => frame,
+            _ = sleep_until_some(idle_deadline) => {
+                let since = idle_since(last_request, &progress);
+                let idle = since.map(|t| t.elapsed()).unwrap_or_default();
+                let max = idle_max.unwrap_or(Duration::MAX);
+                if idle < max {
+                    // Answered since, or still answering: not idle yet.
+                    last_request = since.unwrap_or_else(Instant::now);
+                    continue;
+                }
+                let idle_ms = idle.as_millis() as u64;
+                if frames.mid_frame() {
+                    tracing::info!(%peer, idle_ms, "closing connection: request incomplete for longer than connections.max.idle.ms");
+                } else {
+                    tracing::debug!(%peer, idle_ms, "closing idle connection (connections.max.idle.ms)");
+                }
+                break;
+            }
         };
         let frame = match frame {
             Ok(Some(f)) => f,
@@ -53,18 +94,23 @@ pub async fn run(
                 break;
             }
         };
+        let (frame, reservation) = (frame.bytes, frame.reservation);
         // Kafka's request log, at trace level (RUST_LOG=strand::server::connection=trace):
         // which request, how big, and how long it took to handle.
         let request_log = tracing::enabled!(tracing::Level::TRACE).then(|| {
             (std::time::Instant::now(), frame.get(..2).map(|k| i16::from_be_bytes([k[0], k[1]])), frame.len())
         });
         let outcome = api::handle(&state, &listener, peer, frame, &shutdown).await;
+        // The request's bytes are gone with it (responses do not borrow them).
+        drop(reservation);
+        last_request = Instant::now();
         if let Some((started, api_key, bytes)) = request_log {
             let handled_us = started.elapsed().as_micros() as u64;
             tracing::trace!(%peer, ?api_key, bytes, handled_us, "request");
         }
         match outcome {
             Outcome::Respond(response) => {
+                progress.unwritten.fetch_add(1, Ordering::Release);
                 if tx.send(response).await.is_err() {
                     break;
                 }
@@ -82,15 +128,40 @@ pub async fn run(
     tracing::debug!(%peer, "connection closed");
 }
 
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When the connection last did something: the later of its last request
+/// and its last written response; `None` while responses are still going out.
+fn idle_since(last_request: Instant, progress: &WriterProgress) -> Option<Instant> {
+    if progress.unwritten.load(Ordering::Acquire) > 0 {
+        return None;
+    }
+    let written = *progress.last_written.lock().unwrap_or_else(|e| e.into_inner());
+    Some(written.map_or(last_request, |w| w.max(last_request)))
+}
+
 /// Most bytes one `sendfile` call is asked for (Linux caps a call at about 2 GiB).
 const SENDFILE_MAX_BYTES: usize = 1 << 30;
 
 /// Writes responses in order, coalescing whatever is queued into one flush.
-async fn write_loop(writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Response>, peer: SocketAddr) {
+async fn write_loop(
+    writer: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Response>,
+    peer: SocketAddr,
+    progress: Arc<WriterProgress>,
+) {
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
+        let mut batch = 0;
         while let Some(response) = next {
+            batch += 1;
             if let Err(e) = write_response(&mut writer, &response).await {
                 match e {
                     WriteError::Socket(e) => tracing::debug!(%peer, error = %e, "write failed"),
@@ -109,6 +180,9 @@ async fn write_loop(writer: OwnedWriteHalf, mut rx: mpsc::Receiver<Response>, pe
         if let Err(e) = writer.flush().await {
             tracing::debug!(%peer, error = %e, "flush failed");
             return;
+        }
+        for _ in 0..batch {
+            progress.written();
         }
     }
     let _ = writer.shutdown().await;
@@ -201,6 +275,7 @@ mod tests {
     use std::io::Write;
     use std::path::PathBuf;
 
+    use bytes::BytesMut;
     use strand_storage::FileSlice;
     use tokio::io::AsyncReadExt;
     use tokio::net::TcpListener;
@@ -248,7 +323,7 @@ mod tests {
         // The 6 MiB region is larger than any socket buffer, so the writer
         // meets a full socket (partial sends, waits for writability) whatever
         // the timing of the reads below.
-        let writer = tokio::spawn(write_loop(write, rx, peer));
+        let writer = tokio::spawn(write_loop(write, rx, peer, Default::default()));
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
         writer.await.unwrap();
@@ -275,7 +350,7 @@ mod tests {
             .unwrap();
         tx.send(Response::bytes(BytesMut::from(&b"next"[..]))).await.unwrap();
         drop(tx);
-        write_loop(write, rx, peer).await;
+        write_loop(write, rx, peer, Default::default()).await;
         let mut got = Vec::new();
         client.read_to_end(&mut got).await.unwrap();
         let mut expected = b"head".to_vec();

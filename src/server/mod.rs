@@ -4,5 +4,6 @@
 pub mod connection;
 pub mod frame;
 pub mod listener;
+pub mod memory_pool;
 
 pub use listener::serve;

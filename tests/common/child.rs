@@ -11,18 +11,40 @@ pub struct ChildBroker {
     child: Option<Child>,
     port: u16,
     starts: usize,
-    /// Extra `server.properties` lines, appended to the defaults.
+    /// Extra `server.properties` lines.
     extra: String,
+    /// RLIMIT_NOFILE (soft and hard) the child runs with, if set.
+    nofile: Option<u64>,
 }
 
 impl ChildBroker {
     pub fn new(dir: &Path) -> ChildBroker {
-        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0, extra: String::new() }
+        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0, extra: String::new(), nofile: None }
     }
 
     /// Adds `key=value` lines to the properties of every later start.
-    pub fn set_properties(&mut self, lines: &[&str]) {
-        self.extra = lines.iter().map(|l| format!("{l}\n")).collect();
+    pub fn with_properties(mut self, lines: &[&str]) -> ChildBroker {
+        for l in lines {
+            self.extra.push_str(l);
+            self.extra.push('\n');
+        }
+        self
+    }
+
+    /// Runs later starts with this RLIMIT_NOFILE (soft and hard).
+    pub fn with_nofile_limit(mut self, limit: u64) -> ChildBroker {
+        self.nofile = Some(limit);
+        self
+    }
+
+    /// The running child's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Descriptors the running child has open (entries of /proc/<pid>/fd).
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid())).expect("read the child's /proc/<pid>/fd").count()
     }
 
     pub fn log_dir(&self) -> PathBuf {
@@ -57,15 +79,28 @@ impl ChildBroker {
         let config = self.dir.join("server.properties");
         std::fs::write(&config, super::properties(&self.log_dir(), self.port) + &self.extra).unwrap();
         let stderr = std::fs::File::create(self.stderr_path()).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_strand"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strand"));
+        command
             .arg("--config")
             .arg(&config)
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn strand");
+            .stderr(stderr);
+        if let Some(limit) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let rlim = libc::rlimit { rlim_cur: limit as libc::rlim_t, rlim_max: limit as libc::rlim_t };
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &rlim) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = command.spawn().expect("spawn strand");
         self.child = Some(child);
     }
 
