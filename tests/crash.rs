@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
 /// A batch as laid out in a segment file.
@@ -538,6 +539,12 @@ async fn damage_in_a_sealed_segment_is_never_served() {
                 assert_eq!(value, &acked[*offset as usize].2, "{case}: record {offset} as produced");
             }
         }
+        // Metadata shows the partition without a leader, its replica offline.
+        let consumer: rdkafka::consumer::BaseConsumer = common::consumer_config(&broker.bootstrap()).create().unwrap();
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+        let p = &md.topics()[0].partitions()[0];
+        assert_eq!((p.leader(), p.isr().len()), (-1, 0), "{case}: offline partition in Metadata");
+        drop(consumer);
         let stderr = broker.stderr();
         assert!(stderr.contains(&victim_file.display().to_string()), "{case}: names the file; stderr:\n{stderr}");
         assert!(stderr.contains("--repair-log"), "{case}: says how to repair; stderr:\n{stderr}");

@@ -155,9 +155,9 @@ async fn create_beyond_the_fd_limit_is_refused_up_front() {
     let (_, offset) = common::produce_one(&bootstrap, "narrow", 3, b"fits").await;
 
     // Auto-creation: ask for unknown topics until the broker says they do not fit.
-    let names: Vec<String> = (0..600).map(|i| format!("auto-{i}")).collect();
+    let names: Vec<String> = (0..1000).map(|i| format!("auto-{i}")).collect();
     let mut refused = Vec::new();
-    for _ in 0..40 {
+    for _ in 0..60 {
         let md = metadata(&mut conn, &names, true).await;
         refused = md
             .topics
@@ -169,7 +169,7 @@ async fn create_beyond_the_fd_limit_is_refused_up_front() {
             break;
         }
     }
-    assert!(!refused.is_empty(), "auto-creation of 600 topics fitted under 1024 descriptors");
+    assert!(!refused.is_empty(), "auto-creation of 1000 topics fitted under 1024 descriptors");
     for name in &refused {
         assert_eq!(partition_dirs(&broker.log_dir(), name), Vec::<String>::new(), "{name} refused yet made");
     }

@@ -160,14 +160,26 @@ fn topic_metadata(t: &Topic, node: i32) -> MetadataResponseTopic {
         .partitions
         .iter()
         .map(|p| {
-            MetadataResponsePartition::default()
-                .with_error_code(0)
+            let partition = MetadataResponsePartition::default()
                 .with_partition_index(p.index)
-                .with_leader_id(BrokerId(node))
                 .with_leader_epoch(p.leader_epoch)
-                .with_replica_nodes(vec![BrokerId(node)])
-                .with_isr_nodes(vec![BrokerId(node)])
-                .with_offline_replicas(vec![])
+                .with_replica_nodes(vec![BrokerId(node)]);
+            if p.offline_reason().is_some() {
+                // Its only replica is offline (damaged log), as Kafka reports
+                // a replica on a failed log directory: no leader, so clients
+                // wait instead of sending it requests.
+                partition
+                    .with_error_code(ResponseError::LeaderNotAvailable.code())
+                    .with_leader_id(BrokerId(-1))
+                    .with_isr_nodes(vec![])
+                    .with_offline_replicas(vec![BrokerId(node)])
+            } else {
+                partition
+                    .with_error_code(0)
+                    .with_leader_id(BrokerId(node))
+                    .with_isr_nodes(vec![BrokerId(node)])
+                    .with_offline_replicas(vec![])
+            }
         })
         .collect();
     MetadataResponseTopic::default()
