@@ -221,12 +221,9 @@ pub(crate) fn recover(dir: &Path, config: &LogConfig, now_ms: i64, mode: Mode) -
             info!(file = %segment.log_path().display(), "tail check failed after clean shutdown: scanning the segment");
             rescanned_from = Some(base);
         }
-        let end = segment.rebuild(
-            true,
-            config.index_max_bytes,
-            config.index_interval_bytes,
-            next_base.unwrap_or(i64::MAX),
-        )?;
+        // The last segment keeps its preallocated indexes: the log activates it next.
+        let (limit, last) = (next_base.unwrap_or(i64::MAX), next_base.is_none());
+        let end = segment.rebuild_indexes(true, config.index_max_bytes, config.index_interval_bytes, limit, last)?;
         let problem = match (end.error, next_base) {
             (Some(reason), _) => Some(reason),
             // Compaction leaves gaps: a segment may end before the next one starts.
