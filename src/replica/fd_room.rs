@@ -3,11 +3,13 @@
 //! create that cannot succeed is refused whole instead of failing half way
 //! with EMFILE (and leaving the broker without descriptors for anything else).
 
-/// Descriptors counted per new partition: one for its active segment's log
-/// file (read and append on one descriptor; index files hold none once
-/// mapped), and one spare for its first rolled segment or transaction index.
-/// The `fds_per_partition` test in tests/create_atomic.rs measures the first.
-pub const FDS_PER_PARTITION: u64 = 2;
+/// Descriptors a new partition holds: one, for its active segment's log file
+/// (read and append on one descriptor; index files hold none once mapped).
+/// Each later segment holds one more, as in Kafka, so a broker with many
+/// partitions and segments needs a high RLIMIT_NOFILE; `HEADROOM` covers
+/// rolls in the meantime. The `fds_per_partition` test in
+/// tests/create_atomic.rs measures it.
+pub const FDS_PER_PARTITION: u64 = 1;
 
 /// Descriptors left free after a create: client sockets, segment rolls, the
 /// metadata file, and the few each opening thread holds for a moment.
