@@ -249,10 +249,11 @@ impl Partition {
         let Some((base, job)) = self.with_log(|log| Ok(log.scrub_next(now_ms, interval_ms)))? else { return Ok(0) };
         match job.run(pace) {
             Ok(true) => {
-                self.with_log(|log| {
-                    log.finish_scrub(base, &job, now_ms);
-                    Ok(())
-                })?;
+                // A segment replaced meanwhile counts as nothing done, so the
+                // caller moves on instead of picking the same job again.
+                if !self.with_log(|log| Ok(log.finish_scrub(base, &job, now_ms)))? {
+                    return Ok(0);
+                }
                 tracing::debug!(topic = %self.topic, partition = self.index, segment = %job.path().display(), bytes = job.bytes(), "scrubbed segment");
                 Ok(job.bytes())
             }

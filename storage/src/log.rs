@@ -1086,12 +1086,10 @@ impl Log {
             .map(|s| (s.base_offset(), s.scrub_job(s.next_offset())))
     }
 
-    /// Records a successful scrub of the segment at `base` (ignored if that
-    /// segment has been replaced meanwhile).
-    pub fn finish_scrub(&self, base: i64, job: &ScrubJob, now_ms: i64) {
-        if let Some(segment) = self.segments.get(&base) {
-            segment.finish_scrub(job, now_ms);
-        }
+    /// Records a successful scrub of the segment at `base`; false (nothing
+    /// recorded) if that segment has been replaced meanwhile.
+    pub fn finish_scrub(&self, base: i64, job: &ScrubJob, now_ms: i64) -> bool {
+        self.segments.get(&base).is_some_and(|segment| segment.finish_scrub(job, now_ms))
     }
 
     /// The batch holding the first record with timestamp >= `timestamp`.

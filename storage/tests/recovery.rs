@@ -222,7 +222,7 @@ fn unverified_damage_is_refused_by_reads_and_found_by_the_scrubber() {
             match job.run(&mut |_| true) {
                 Ok(done) => {
                     assert!(done);
-                    log.finish_scrub(base, &job, 10_000);
+                    assert!(log.finish_scrub(base, &job, 10_000));
                 }
                 Err(e) => {
                     found = Some(e);
@@ -249,7 +249,7 @@ fn scrubbing_an_intact_log_verifies_every_segment_once() {
     let mut jobs = 0;
     while let Some((base, job)) = log.scrub_next(5_000, 1_000_000) {
         assert!(job.run(&mut |_| true).unwrap());
-        log.finish_scrub(base, &job, 5_000);
+        assert!(log.finish_scrub(base, &job, 5_000));
         jobs += 1;
         assert!(jobs <= log.segment_count(), "each segment once");
     }
