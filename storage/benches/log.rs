@@ -1,5 +1,6 @@
-//! Storage benches: append throughput of 16 KiB batches of 1 KiB records, and
-//! read throughput (find the slices, then copy them out with `read_into`).
+//! Storage benches: append throughput of 16 KiB batches of 1 KiB records,
+//! read throughput (find the slices, then copy them out with `read_into`),
+//! and the client batch checks on their own.
 //! No fsync in either (flush settings at Kafka's defaults); the numbers are
 //! page-cache speed, i.e. the CPU cost of the storage layer.
 
@@ -39,7 +40,7 @@ fn append(c: &mut Criterion) {
                 if appended.is_multiple_of(4096) {
                     log.truncate_to(0).unwrap();
                 }
-                black_box(log.append(buf, 0, 0).unwrap())
+                black_box(log.append(buf, 0, AppendOrigin::Client, 0).unwrap())
             },
             BatchSize::SmallInput,
         );
@@ -84,5 +85,19 @@ fn read(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, append, read);
+/// The cost of Kafka's producer-input checks alone (`check_client_batch`):
+/// per batch of 16 uncompressed 1 KiB records, and of 100 100-byte records.
+fn client_checks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("client_checks");
+    let small = vec![0x5au8; 100];
+    let smalls: Vec<&[u8]> = (0..100).map(|_| small.as_slice()).collect();
+    for (name, b) in [("16x1KiB", batch()), ("100x100B", build_test_batch(0, 1_700_000_000_000, &smalls))] {
+        group.bench_function(name, |bench| {
+            bench.iter(|| strand_storage::batch::check_client_batch(black_box(&b), 0).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, append, read, client_checks);
 criterion_main!(benches);
