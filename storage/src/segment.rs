@@ -30,6 +30,19 @@ pub(crate) fn file_name(base_offset: i64, suffix: &str) -> String {
     format!("{base_offset:020}.{suffix}")
 }
 
+impl WalkEnd {
+    /// The walk's stop as damage in `file` (the walk already bounds every
+    /// batch by the segment's end, so its error is the whole story).
+    fn damage(self, file: &Path) -> Result<()> {
+        match self.error {
+            None => Ok(()),
+            Some(reason) => {
+                Err(StorageError::DamagedSegment { file: file.to_path_buf(), position: self.position, reason })
+            }
+        }
+    }
+}
+
 /// The header fields of one batch the log needs, copied out of the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BatchMeta {
@@ -623,7 +636,7 @@ impl Segment {
         let anchor = if anchor <= start { anchor } else { 0 };
         let (expected, exact) = if anchor == 0 && !exact { (self.base_offset, false) } else { (expected, exact) };
         let walked = walk(&self.reader, &self.log_path, end, anchor, expected, true, exact, limit, &mut |_| {})?;
-        self.damage_or_verified(anchor, walked, end, limit)
+        self.damage_or_verified(anchor, walked, end)
     }
 
     /// A scrub of the whole segment (or of the part before `trusted_from`
@@ -651,21 +664,8 @@ impl Segment {
         true
     }
 
-    fn damage_or_verified(&self, anchor: u64, walked: WalkEnd, end: u64, limit: i64) -> Result<()> {
-        let reason = match walked.error {
-            Some(reason) => Some(reason),
-            None if walked.next_offset > limit => {
-                Some(format!("batches reach offset {} but the segment ends at {limit}", walked.next_offset))
-            }
-            None => None,
-        };
-        if let Some(reason) = reason {
-            return Err(StorageError::DamagedSegment {
-                file: self.log_path.to_path_buf(),
-                position: walked.position,
-                reason,
-            });
-        }
+    fn damage_or_verified(&self, anchor: u64, walked: WalkEnd, end: u64) -> Result<()> {
+        walked.damage(&self.log_path)?;
         if anchor <= self.verified_end.load(Ordering::Relaxed) {
             self.verified_end.fetch_max(end, Ordering::Relaxed);
         }
@@ -750,14 +750,8 @@ impl ScrubJob {
         if stopped {
             return Ok(false);
         }
-        let reason = match walked.error {
-            Some(reason) => reason,
-            None if walked.next_offset > self.limit => {
-                format!("batches reach offset {} but the segment ends at {}", walked.next_offset, self.limit)
-            }
-            None => return Ok(true),
-        };
-        Err(StorageError::DamagedSegment { file: self.path.to_path_buf(), position: walked.position, reason })
+        walked.damage(&self.path)?;
+        Ok(true)
     }
 }
 
