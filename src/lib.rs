@@ -21,6 +21,7 @@ pub mod alloc_guard;
 pub mod api;
 pub mod broker;
 pub mod config;
+pub mod controller;
 pub mod group;
 pub mod metadata;
 pub mod replica;
