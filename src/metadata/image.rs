@@ -1,0 +1,393 @@
+//! The cluster metadata image: the state the metadata log's records build.
+//!
+//! Its version is the offset (raft index) of the last entry applied, so two
+//! nodes at the same offset hold the same image, and a broker can say "I have
+//! applied at least offset N" (admin requests wait for that before they
+//! answer). Applying is deterministic and never fails: a record whose
+//! expectation no longer holds is ignored, with the reason returned, the same
+//! way on every node.
+//!
+//! The image is also what a snapshot holds ([`ClusterImage::encode`]).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
+
+/// No leader: the partition is offline.
+pub const NO_LEADER: i32 = -1;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerRegistration {
+    pub id: i32,
+    pub incarnation_id: Uuid,
+    /// The offset of the registration record.
+    pub epoch: i64,
+    pub endpoints: Vec<Endpoint>,
+    pub rack: Option<String>,
+    /// Registered brokers start fenced and are unfenced once caught up.
+    pub fenced: bool,
+    pub in_controlled_shutdown: bool,
+}
+
+impl BrokerRegistration {
+    /// May lead partitions: unfenced and not shutting down.
+    pub fn is_active(&self) -> bool {
+        !self.fenced && !self.in_controlled_shutdown
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionRegistration {
+    pub replicas: Vec<i32>,
+    pub isr: Vec<i32>,
+    pub leader: i32,
+    pub leader_epoch: i32,
+    pub partition_epoch: i32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicImage {
+    pub name: String,
+    pub id: Uuid,
+    pub partitions: BTreeMap<i32, PartitionRegistration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterImage {
+    /// Offset of the last entry applied (0: nothing yet).
+    pub offset: u64,
+    pub cluster_id: Option<String>,
+    pub brokers: BTreeMap<i32, BrokerRegistration>,
+    pub topic_ids: BTreeMap<String, Uuid>,
+    pub topics: BTreeMap<Uuid, TopicImage>,
+    pub topic_configs: BTreeMap<String, BTreeMap<String, String>>,
+    pub broker_configs: BTreeMap<i32, BTreeMap<String, String>>,
+    pub broker_default_configs: BTreeMap<String, String>,
+    /// The first producer id not yet handed to any broker.
+    pub next_producer_id: i64,
+    pub features: BTreeMap<String, i16>,
+}
+
+/// What applying one record did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    Changed,
+    /// Nothing changed (a retried record, or its expectation failed).
+    Ignored(&'static str),
+}
+
+impl ClusterImage {
+    pub fn topic(&self, name: &str) -> Option<&TopicImage> {
+        self.topic_ids.get(name).and_then(|id| self.topics.get(id))
+    }
+
+    pub fn partition(&self, name: &str, partition: i32) -> Option<&PartitionRegistration> {
+        self.topic(name).and_then(|t| t.partitions.get(&partition))
+    }
+
+    /// Brokers that may be given replicas and leadership.
+    pub fn active_brokers(&self) -> impl Iterator<Item = &BrokerRegistration> {
+        self.brokers.values().filter(|b| b.is_active())
+    }
+
+    /// Applies one committed entry's records at `offset`.
+    pub fn apply(&mut self, offset: u64, batch: &RecordBatch) -> Vec<Applied> {
+        debug_assert!(offset > self.offset, "entry {offset} applied at image {}", self.offset);
+        let out = batch.records.iter().map(|r| self.apply_record(offset, r)).collect();
+        self.offset = offset;
+        self.check_invariants();
+        out
+    }
+
+    /// An entry with no records (the leader's no-op at the start of a term).
+    pub fn advance_to(&mut self, offset: u64) {
+        self.offset = self.offset.max(offset);
+    }
+
+    fn apply_record(&mut self, offset: u64, record: &MetadataRecord) -> Applied {
+        use Applied::*;
+        match record {
+            MetadataRecord::ClusterId { cluster_id } => match &self.cluster_id {
+                Some(_) => Ignored("the cluster id is already set"),
+                None => {
+                    self.cluster_id = Some(cluster_id.clone());
+                    Changed
+                }
+            },
+            MetadataRecord::RegisterBroker { broker_id, incarnation_id, endpoints, rack } => {
+                if self.brokers.get(broker_id).is_some_and(|b| b.incarnation_id == *incarnation_id) {
+                    return Ignored("this incarnation is already registered");
+                }
+                self.brokers.insert(
+                    *broker_id,
+                    BrokerRegistration {
+                        id: *broker_id,
+                        incarnation_id: *incarnation_id,
+                        epoch: offset as i64,
+                        endpoints: endpoints.clone(),
+                        rack: rack.clone(),
+                        fenced: true,
+                        in_controlled_shutdown: false,
+                    },
+                );
+                Changed
+            }
+            MetadataRecord::FenceBroker { broker_id, epoch } => match self.broker_at(*broker_id, *epoch) {
+                Some(b) if !b.fenced => {
+                    b.fenced = true;
+                    b.in_controlled_shutdown = false;
+                    Changed
+                }
+                Some(_) => Ignored("already fenced"),
+                None => Ignored("no broker with that epoch"),
+            },
+            MetadataRecord::UnfenceBroker { broker_id, epoch } => match self.broker_at(*broker_id, *epoch) {
+                Some(b) if b.fenced => {
+                    b.fenced = false;
+                    Changed
+                }
+                Some(_) => Ignored("already unfenced"),
+                None => Ignored("no broker with that epoch"),
+            },
+            MetadataRecord::BeginControlledShutdown { broker_id, epoch } => {
+                match self.broker_at(*broker_id, *epoch) {
+                    Some(b) if !b.in_controlled_shutdown => {
+                        b.in_controlled_shutdown = true;
+                        Changed
+                    }
+                    Some(_) => Ignored("already shutting down"),
+                    None => Ignored("no broker with that epoch"),
+                }
+            }
+            MetadataRecord::Topic { name, id } => match self.topic_ids.get(name) {
+                Some(existing) if existing == id => Ignored("topic exists"),
+                Some(_) => Ignored("another topic holds this name"),
+                None if self.topics.contains_key(id) => Ignored("topic id in use"),
+                None => {
+                    self.topic_ids.insert(name.clone(), *id);
+                    self.topics.insert(*id, TopicImage { name: name.clone(), id: *id, partitions: BTreeMap::new() });
+                    Changed
+                }
+            },
+            MetadataRecord::Partition { topic_id, partition, replicas, isr, leader, leader_epoch } => {
+                let Some(topic) = self.topics.get_mut(topic_id) else { return Ignored("no such topic") };
+                if topic.partitions.contains_key(partition) {
+                    return Ignored("partition exists");
+                }
+                topic.partitions.insert(
+                    *partition,
+                    PartitionRegistration {
+                        replicas: replicas.clone(),
+                        isr: isr.clone(),
+                        leader: *leader,
+                        leader_epoch: *leader_epoch,
+                        partition_epoch: 0,
+                    },
+                );
+                Changed
+            }
+            MetadataRecord::PartitionChange { topic_id, partition, expected_partition_epoch, leader, isr } => {
+                let Some(p) = self.topics.get_mut(topic_id).and_then(|t| t.partitions.get_mut(partition)) else {
+                    return Ignored("no such partition");
+                };
+                if p.partition_epoch != *expected_partition_epoch {
+                    return Ignored("partition epoch moved on");
+                }
+                if let Some(isr) = isr {
+                    p.isr = isr.clone();
+                }
+                if let Some(leader) = leader {
+                    if *leader != p.leader {
+                        p.leader = *leader;
+                        p.leader_epoch += 1;
+                    }
+                }
+                p.partition_epoch += 1;
+                Changed
+            }
+            MetadataRecord::RemoveTopic { id } => match self.topics.remove(id) {
+                Some(t) => {
+                    self.topic_ids.remove(&t.name);
+                    self.topic_configs.remove(&t.name);
+                    Changed
+                }
+                None => Ignored("no such topic"),
+            },
+            MetadataRecord::Config { resource, name, value } => {
+                let map = match resource {
+                    ConfigResource::Topic(t) => self.topic_configs.entry(t.clone()).or_default(),
+                    ConfigResource::Broker(b) => self.broker_configs.entry(*b).or_default(),
+                    ConfigResource::BrokerDefault => &mut self.broker_default_configs,
+                };
+                let changed = match value {
+                    Some(v) => map.insert(name.clone(), v.clone()).as_ref() != Some(v),
+                    None => map.remove(name).is_some(),
+                };
+                if changed {
+                    Changed
+                } else {
+                    Ignored("config already so")
+                }
+            }
+            MetadataRecord::ProducerIds { start, size, .. } => {
+                if *start != self.next_producer_id || *size <= 0 {
+                    return Ignored("block is not the next free one");
+                }
+                self.next_producer_id = start + size;
+                Changed
+            }
+            MetadataRecord::FeatureLevel { name, level } => {
+                if self.features.insert(name.clone(), *level) == Some(*level) {
+                    Ignored("feature already at that level")
+                } else {
+                    Changed
+                }
+            }
+        }
+    }
+
+    fn broker_at(&mut self, id: i32, epoch: i64) -> Option<&mut BrokerRegistration> {
+        self.brokers.get_mut(&id).filter(|b| b.epoch == epoch)
+    }
+
+    /// A leader is one of the replicas and in the ISR; ISR members are replicas.
+    fn check_invariants(&self) {
+        if cfg!(debug_assertions) {
+            for t in self.topics.values() {
+                assert_eq!(self.topic_ids.get(&t.name), Some(&t.id), "topic {} indexed by name", t.name);
+                for (i, p) in &t.partitions {
+                    assert!(
+                        p.leader == NO_LEADER || p.isr.contains(&p.leader),
+                        "{}-{i}: leader {} not in ISR {:?}",
+                        t.name,
+                        p.leader,
+                        p.isr
+                    );
+                    assert!(p.isr.iter().all(|r| p.replicas.contains(r)), "{}-{i}: ISR outside replicas", t.name);
+                }
+            }
+        }
+    }
+
+    /// The image as a snapshot's data.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("the image serialises")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<ClusterImage, String> {
+        serde_json::from_slice(bytes).map_err(|e| format!("metadata snapshot does not decode: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(records: Vec<MetadataRecord>) -> RecordBatch {
+        RecordBatch { proposal: Uuid::new_v4(), records }
+    }
+
+    fn register(id: i32) -> MetadataRecord {
+        MetadataRecord::RegisterBroker {
+            broker_id: id,
+            incarnation_id: Uuid::from_u128(id as u128),
+            endpoints: vec![Endpoint { name: "PLAINTEXT".into(), host: "127.0.0.1".into(), port: 9000 + id as u16 }],
+            rack: None,
+        }
+    }
+
+    #[test]
+    fn every_record_applied_twice_changes_nothing_the_second_time() {
+        let topic = Uuid::from_u128(77);
+        let records = vec![
+            MetadataRecord::ClusterId { cluster_id: "c".into() },
+            register(1),
+            MetadataRecord::Topic { name: "t".into(), id: topic },
+            MetadataRecord::Partition {
+                topic_id: topic,
+                partition: 0,
+                replicas: vec![1],
+                isr: vec![1],
+                leader: 1,
+                leader_epoch: 0,
+            },
+            MetadataRecord::PartitionChange {
+                topic_id: topic,
+                partition: 0,
+                expected_partition_epoch: 0,
+                leader: Some(NO_LEADER),
+                isr: None,
+            },
+            MetadataRecord::Config {
+                resource: ConfigResource::Topic("t".into()),
+                name: "retention.ms".into(),
+                value: Some("5".into()),
+            },
+            MetadataRecord::ProducerIds { broker_id: 1, start: 0, size: 1000 },
+            MetadataRecord::FeatureLevel { name: "metadata.version".into(), level: 27 },
+        ];
+        let mut image = ClusterImage::default();
+        let mut offset = 0;
+        for r in &records {
+            offset += 1;
+            assert_eq!(image.apply(offset, &batch(vec![r.clone()])), vec![Applied::Changed], "{r:?}");
+            let before = image.clone();
+            offset += 1;
+            let again = image.apply(offset, &batch(vec![r.clone()]));
+            assert!(matches!(again[0], Applied::Ignored(_)), "{r:?} applied twice: {again:?}");
+            assert_eq!(ClusterImage { offset: before.offset, ..image.clone() }, before, "{r:?}");
+        }
+        let p = image.partition("t", 0).unwrap();
+        assert_eq!((p.leader, p.leader_epoch, p.partition_epoch), (NO_LEADER, 1, 1));
+        assert_eq!(image.next_producer_id, 1000);
+        assert_eq!(image.brokers[&1].epoch, 3, "the broker epoch is the registration's offset");
+    }
+
+    #[test]
+    fn fencing_names_the_epoch_and_a_reregistration_gets_a_new_one() {
+        let mut image = ClusterImage::default();
+        image.apply(1, &batch(vec![register(1)]));
+        assert!(image.brokers[&1].fenced, "registered brokers start fenced");
+        image.apply(2, &batch(vec![MetadataRecord::UnfenceBroker { broker_id: 1, epoch: 1 }]));
+        assert!(image.brokers[&1].is_active());
+        // A restart: new incarnation, new epoch; fencing the old epoch does nothing.
+        let mut again = register(1);
+        if let MetadataRecord::RegisterBroker { incarnation_id, .. } = &mut again {
+            *incarnation_id = Uuid::from_u128(99);
+        }
+        image.apply(3, &batch(vec![again]));
+        assert_eq!(image.brokers[&1].epoch, 3);
+        let out = image.apply(4, &batch(vec![MetadataRecord::FenceBroker { broker_id: 1, epoch: 1 }]));
+        assert_eq!(out, vec![Applied::Ignored("no broker with that epoch")]);
+    }
+
+    #[test]
+    fn a_name_held_by_another_topic_id_is_not_taken_and_removal_frees_it() {
+        let mut image = ClusterImage::default();
+        let (a, b) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        image.apply(1, &batch(vec![MetadataRecord::Topic { name: "t".into(), id: a }]));
+        let out = image.apply(2, &batch(vec![MetadataRecord::Topic { name: "t".into(), id: b }]));
+        assert_eq!(out, vec![Applied::Ignored("another topic holds this name")]);
+        image.apply(3, &batch(vec![MetadataRecord::RemoveTopic { id: a }]));
+        image.apply(4, &batch(vec![MetadataRecord::Topic { name: "t".into(), id: b }]));
+        assert_eq!(image.topic("t").unwrap().id, b);
+    }
+
+    #[test]
+    fn snapshot_round_trips() {
+        let mut image = ClusterImage::default();
+        image.apply(1, &batch(vec![register(3), MetadataRecord::ClusterId { cluster_id: "x".into() }]));
+        image.apply(
+            2,
+            &batch(vec![MetadataRecord::Config {
+                resource: ConfigResource::Broker(3),
+                name: "log.retention.ms".into(),
+                value: Some("1".into()),
+            }]),
+        );
+        assert_eq!(ClusterImage::decode(&image.encode()).unwrap(), image);
+    }
+}
