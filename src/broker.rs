@@ -56,6 +56,8 @@ pub enum StartError {
     Bind { name: String, addr: String, source: std::io::Error },
     #[error("invalid listener {0}")]
     Listener(String),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// A running broker. Dropping it does not stop it; call [`BrokerHandle::shutdown`].
@@ -72,6 +74,22 @@ impl Broker {
     /// Opens the logs (recovering as needed), binds every listener and starts serving.
     pub async fn start(mut config: BrokerConfig) -> Result<BrokerHandle, StartError> {
         let started = Instant::now();
+        if let Some(q) = config.quorum.as_ref().filter(|q| !q.is_single_node(config.node_id)) {
+            // The quorum's pieces (raft log on disk, Ready-loop core, metadata
+            // image, placement) exist, but brokers do not yet serve from them:
+            // say so rather than run a single node the user believes is a cluster.
+            return Err(StartError::Unsupported(format!(
+                "controller.quorum.voters names {} voter(s) and process.roles is {}: a multi-node cluster is not \
+                 served by this build yet; remove controller.quorum.voters (or list only this node, with \
+                 process.roles=broker,controller) to run a single node",
+                q.voters.len(),
+                match (q.roles.broker, q.roles.controller) {
+                    (true, true) => "broker,controller",
+                    (true, false) => "broker",
+                    _ => "controller",
+                }
+            )));
+        }
         // Bind first so a port-0 listener's real port can be advertised.
         let mut bound = Vec::new();
         for l in config.listeners.clone() {

@@ -125,6 +125,50 @@ pub struct BrokerConfig {
     pub txn: crate::txn::TxnSettings,
     /// Where each key came from, for DescribeConfigs.
     pub explicit_keys: BTreeMap<String, String>,
+    /// KRaft-style cluster keys; `None` without `controller.quorum.voters`
+    /// (the single node).
+    pub quorum: Option<QuorumSettings>,
+    /// `broker.rack`, for rack-aware placement.
+    pub rack: Option<String>,
+}
+
+/// A node's role (`process.roles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessRoles {
+    pub broker: bool,
+    pub controller: bool,
+}
+
+/// A voter of the metadata quorum (`controller.quorum.voters`: `id@host:port`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Voter {
+    pub id: i32,
+    pub host: String,
+    pub port: u16,
+}
+
+/// The cluster keys, with Kafka's names and defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuorumSettings {
+    pub roles: ProcessRoles,
+    pub voters: Vec<Voter>,
+    /// The listener named by `controller.listener.names` (controllers bind it).
+    pub controller_listener: Option<Listener>,
+    /// `inter.broker.listener.name` (default: the first listener).
+    pub inter_broker_listener_name: String,
+    /// `broker.heartbeat.interval.ms` (2000).
+    pub heartbeat_interval_ms: u64,
+    /// `broker.session.timeout.ms` (9000).
+    pub session_timeout_ms: u64,
+    /// `metadata.log.dir` (default: the first log directory).
+    pub metadata_log_dir: PathBuf,
+}
+
+impl QuorumSettings {
+    /// A single combined node that is the only voter: today's single node.
+    pub fn is_single_node(&self, node_id: i32) -> bool {
+        self.roles.broker && self.roles.controller && self.voters.len() == 1 && self.voters[0].id == node_id
+    }
 }
 
 /// Group coordinator settings, with Kafka's keys and defaults.
@@ -224,6 +268,8 @@ impl Default for BrokerConfig {
             cleaner: CleanerSettings::default(),
             txn: crate::txn::TxnSettings::default(),
             explicit_keys: BTreeMap::new(),
+            quorum: None,
+            rack: None,
         }
     }
 }
@@ -232,10 +278,7 @@ impl Default for BrokerConfig {
 /// (KRaft quorum wiring of a single node, replication of internal topics).
 /// They are logged at info level instead of as unknown.
 const ACCEPTED_UNUSED_KEYS: &[&str] = &[
-    "process.roles",
-    "controller.quorum.voters",
     "controller.quorum.bootstrap.servers",
-    "inter.broker.listener.name",
     "listener.security.protocol.map",
     "num.network.threads",
     "socket.send.buffer.bytes",
@@ -283,6 +326,12 @@ impl BrokerConfig {
         let mut roll_ms_set = false;
         let mut retention_set_by: u8 = 0; // 3 = ms, 2 = minutes, 1 = hours: the finest unit wins
         let mut controller_listener_names: Vec<String> = Vec::new();
+        let mut roles: Option<(ProcessRoles, String)> = None;
+        let mut voters: Option<(Vec<Voter>, String)> = None;
+        let mut inter_broker_listener_name: Option<String> = None;
+        let mut heartbeat_interval_ms = 2000;
+        let mut session_timeout_ms = 9000;
+        let mut metadata_log_dir: Option<PathBuf> = None;
         for (key, value, at) in &entries {
             let invalid = |reason: String| ConfigError::Invalid {
                 origin: at.clone(),
@@ -465,10 +514,102 @@ impl BrokerConfig {
                     controller_listener_names =
                         value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
                 }
+                "process.roles" => roles = Some((parse_roles(value).map_err(invalid)?, at.clone())),
+                "controller.quorum.voters" => voters = Some((parse_voters(value).map_err(invalid)?, at.clone())),
+                "inter.broker.listener.name" => inter_broker_listener_name = Some(value.clone()),
+                "broker.heartbeat.interval.ms" => {
+                    heartbeat_interval_ms = parse_int(value, 10, i32::MAX as i64).map_err(invalid)? as u64
+                }
+                "broker.session.timeout.ms" => {
+                    session_timeout_ms = parse_int(value, 10, i32::MAX as i64).map_err(invalid)? as u64
+                }
+                "metadata.log.dir" => metadata_log_dir = Some(PathBuf::from(value)),
+                "broker.rack" => config.rack = Some(value.clone()).filter(|r| !r.is_empty()),
                 k if ACCEPTED_UNUSED_KEYS.contains(&k) => {
                     tracing::info!(key = k, origin = %at, "config key accepted but not used by Strand");
                 }
                 k => tracing::warn!(key = k, origin = %at, "unknown config key ignored"),
+            }
+        }
+        let controller_listener =
+            config.listeners.iter().find(|l| controller_listener_names.contains(&l.name)).cloned();
+        let invalid_at = |at: &str, key: &str, value: String, reason: String| ConfigError::Invalid {
+            origin: at.to_string(),
+            key: key.to_string(),
+            value,
+            reason,
+        };
+        if let Some((voters, voters_at)) = voters {
+            let (roles, _) = roles.ok_or_else(|| {
+                invalid_at(
+                    &voters_at,
+                    "process.roles",
+                    String::new(),
+                    "a node with controller.quorum.voters must say its process.roles \
+                     (broker, controller, or broker,controller)"
+                        .into(),
+                )
+            })?;
+            let voters_text = || voters.iter().map(|v| format!("{}@{}:{}", v.id, v.host, v.port)).collect::<Vec<_>>();
+            if roles.controller {
+                if !voters.iter().any(|v| v.id == config.node_id) {
+                    return Err(invalid_at(
+                        &voters_at,
+                        "controller.quorum.voters",
+                        voters_text().join(","),
+                        format!("this node (node.id={}) is a controller but not one of the voters", config.node_id),
+                    ));
+                }
+                if controller_listener.is_none() {
+                    return Err(invalid_at(
+                        origin,
+                        "controller.listener.names",
+                        controller_listener_names.join(","),
+                        "a controller needs a listener named in controller.listener.names among `listeners` \
+                         (e.g. listeners=PLAINTEXT://:9092,CONTROLLER://:9093 and controller.listener.names=CONTROLLER)"
+                            .into(),
+                    ));
+                }
+            }
+            if heartbeat_interval_ms >= session_timeout_ms {
+                return Err(invalid_at(
+                    origin,
+                    "broker.heartbeat.interval.ms",
+                    heartbeat_interval_ms.to_string(),
+                    format!("must be below broker.session.timeout.ms ({session_timeout_ms})"),
+                ));
+            }
+            let data_listeners: Vec<&Listener> =
+                config.listeners.iter().filter(|l| !controller_listener_names.contains(&l.name)).collect();
+            let inter = match inter_broker_listener_name {
+                Some(name) if data_listeners.iter().any(|l| l.name == name) => name,
+                Some(name) => {
+                    return Err(invalid_at(
+                        origin,
+                        "inter.broker.listener.name",
+                        name,
+                        "names no broker listener in `listeners`".into(),
+                    ))
+                }
+                None => data_listeners.first().map(|l| l.name.clone()).unwrap_or_default(),
+            };
+            config.quorum = Some(QuorumSettings {
+                roles,
+                voters,
+                controller_listener: controller_listener.clone(),
+                inter_broker_listener_name: inter,
+                heartbeat_interval_ms,
+                session_timeout_ms,
+                metadata_log_dir: metadata_log_dir.unwrap_or_else(|| config.log_dir.clone()),
+            });
+        } else if let Some((r, at)) = roles {
+            if !(r.broker && r.controller) {
+                return Err(invalid_at(
+                    &at,
+                    "process.roles",
+                    format!("{r:?}"),
+                    "a node without controller.quorum.voters is a single combined node (broker,controller)".into(),
+                ));
             }
         }
         config.listeners.retain(|l| !controller_listener_names.contains(&l.name));
@@ -531,6 +672,42 @@ fn scale(v: i64, factor: i64) -> i64 {
     } else {
         v.saturating_mul(factor)
     }
+}
+
+fn parse_roles(value: &str) -> Result<ProcessRoles, String> {
+    let mut roles = ProcessRoles { broker: false, controller: false };
+    for part in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match part {
+            "broker" => roles.broker = true,
+            "controller" => roles.controller = true,
+            other => return Err(format!("unknown role {other:?} (broker, controller)")),
+        }
+    }
+    if !roles.broker && !roles.controller {
+        return Err("no role given".into());
+    }
+    Ok(roles)
+}
+
+fn parse_voters(value: &str) -> Result<Vec<Voter>, String> {
+    let mut out: Vec<Voter> = Vec::new();
+    for part in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (id, addr) = part.split_once('@').ok_or_else(|| format!("{part:?}: expected id@host:port"))?;
+        let id = parse_int(id, 0, i32::MAX as i64).map_err(|e| format!("{part:?}: node id {e}"))? as i32;
+        let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("{part:?}: expected id@host:port"))?;
+        let port: u16 = port.parse().map_err(|_| format!("{part:?}: bad port {port:?}"))?;
+        if out.iter().any(|v| v.id == id) {
+            return Err(format!("node id {id} appears twice"));
+        }
+        if out.iter().any(|v| v.host == host && v.port == port) {
+            return Err(format!("{host}:{port} is given to two voters"));
+        }
+        out.push(Voter { id, host: host.trim_matches(['[', ']']).to_string(), port });
+    }
+    if out.is_empty() {
+        return Err("no voter given".into());
+    }
+    Ok(out)
 }
 
 fn parse_listeners(value: &str) -> Result<Vec<Listener>, String> {
@@ -645,6 +822,35 @@ mod tests {
         assert_eq!(c.listeners.len(), 1);
         assert_eq!(c.listeners[0].name, "PLAINTEXT");
         assert_eq!(c.advertised_listeners[0].host, "localhost");
+    }
+
+    #[test]
+    fn quorum_keys_are_parsed_and_bad_ones_named() {
+        let base = "process.roles=broker,controller\nnode.id=2\n\
+                    listeners=PLAINTEXT://127.0.0.1:9192,CONTROLLER://127.0.0.1:9193\n\
+                    controller.listener.names=CONTROLLER\n";
+        let ok = format!("{base}controller.quorum.voters=1@127.0.0.1:9093,2@127.0.0.1:9193,3@127.0.0.1:9293\n");
+        let c = BrokerConfig::from_properties(&ok, "t", &[]).unwrap();
+        let q = c.quorum.unwrap();
+        assert_eq!(q.voters.len(), 3);
+        assert_eq!(q.controller_listener.as_ref().unwrap().port, 9193);
+        assert_eq!(q.inter_broker_listener_name, "PLAINTEXT");
+        assert_eq!((q.heartbeat_interval_ms, q.session_timeout_ms), (2000, 9000));
+        assert!(!q.roles.broker || !q.is_single_node(2));
+        let err = |text: &str| BrokerConfig::from_properties(text, "t", &[]).unwrap_err().to_string();
+        let e = err(&format!("{base}controller.quorum.voters=1@h:1,3@h:3\n"));
+        assert!(e.contains("controller.quorum.voters") && e.contains("node.id=2"), "{e}");
+        let e = err(&format!("{base}controller.quorum.voters=1@h:1,1@h:2\n"));
+        assert!(e.contains("appears twice"), "{e}");
+        let e =
+            err("process.roles=controller\nnode.id=1\ncontroller.quorum.voters=1@h:1\nlisteners=PLAINTEXT://:9092\n");
+        assert!(e.contains("controller.listener.names"), "{e}");
+        let e = err("node.id=1\ncontroller.quorum.voters=1@h:1\n");
+        assert!(e.contains("process.roles"), "{e}");
+        let e = err("process.roles=broker\n");
+        assert!(e.contains("process.roles"), "{e}");
+        let e = err(&format!("{ok}broker.heartbeat.interval.ms=9000\n"));
+        assert!(e.contains("broker.heartbeat.interval.ms"), "{e}");
     }
 
     #[test]

@@ -152,16 +152,14 @@ impl ClusterImage {
                 Some(_) => Ignored("already unfenced"),
                 None => Ignored("no broker with that epoch"),
             },
-            MetadataRecord::BeginControlledShutdown { broker_id, epoch } => {
-                match self.broker_at(*broker_id, *epoch) {
-                    Some(b) if !b.in_controlled_shutdown => {
-                        b.in_controlled_shutdown = true;
-                        Changed
-                    }
-                    Some(_) => Ignored("already shutting down"),
-                    None => Ignored("no broker with that epoch"),
+            MetadataRecord::BeginControlledShutdown { broker_id, epoch } => match self.broker_at(*broker_id, *epoch) {
+                Some(b) if !b.in_controlled_shutdown => {
+                    b.in_controlled_shutdown = true;
+                    Changed
                 }
-            }
+                Some(_) => Ignored("already shutting down"),
+                None => Ignored("no broker with that epoch"),
+            },
             MetadataRecord::Topic { name, id } => match self.topic_ids.get(name) {
                 Some(existing) if existing == id => Ignored("topic exists"),
                 Some(_) => Ignored("another topic holds this name"),

@@ -154,10 +154,7 @@ mod tests {
     #[test]
     fn too_large_a_factor_is_refused() {
         let c = brokers(&[(1, None), (2, None)]);
-        assert_eq!(
-            place(&c, 0, 1, 3, 0),
-            Err(PlacementError::ReplicationFactorTooLarge { factor: 3, brokers: 2 })
-        );
+        assert_eq!(place(&c, 0, 1, 3, 0), Err(PlacementError::ReplicationFactorTooLarge { factor: 3, brokers: 2 }));
         assert_eq!(place(&c, 0, 1, 0, 0), Err(PlacementError::ReplicationFactorTooSmall(0)));
     }
 }

@@ -38,19 +38,38 @@ pub enum ConfigResource {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetadataRecord {
     /// The cluster's id, written once by the first active controller.
-    ClusterId { cluster_id: String },
+    ClusterId {
+        cluster_id: String,
+    },
     /// A broker (re)started and registered. Its broker epoch is the offset of
     /// this record. A registration with the incarnation id already held is a
     /// retry and changes nothing.
-    RegisterBroker { broker_id: i32, incarnation_id: Uuid, endpoints: Vec<Endpoint>, rack: Option<String> },
+    RegisterBroker {
+        broker_id: i32,
+        incarnation_id: Uuid,
+        endpoints: Vec<Endpoint>,
+        rack: Option<String>,
+    },
     /// The broker with this epoch stopped heartbeating (or shut down): it
     /// leads nothing until unfenced.
-    FenceBroker { broker_id: i32, epoch: i64 },
+    FenceBroker {
+        broker_id: i32,
+        epoch: i64,
+    },
     /// The broker with this epoch has caught up with the log and may lead.
-    UnfenceBroker { broker_id: i32, epoch: i64 },
+    UnfenceBroker {
+        broker_id: i32,
+        epoch: i64,
+    },
     /// The broker with this epoch asked for a controlled shutdown.
-    BeginControlledShutdown { broker_id: i32, epoch: i64 },
-    Topic { name: String, id: Uuid },
+    BeginControlledShutdown {
+        broker_id: i32,
+        epoch: i64,
+    },
+    Topic {
+        name: String,
+        id: Uuid,
+    },
     /// A new partition; ignored if the partition exists.
     Partition {
         topic_id: Uuid,
@@ -70,13 +89,26 @@ pub enum MetadataRecord {
         leader: Option<i32>,
         isr: Option<Vec<i32>>,
     },
-    RemoveTopic { id: Uuid },
+    RemoveTopic {
+        id: Uuid,
+    },
     /// Sets (`Some`) or removes (`None`) one config key.
-    Config { resource: ConfigResource, name: String, value: Option<String> },
+    Config {
+        resource: ConfigResource,
+        name: String,
+        value: Option<String>,
+    },
     /// Producer ids `[start, start + size)` go to `broker_id`; applied only if
     /// `start` is the cluster's next free id, so ids are never handed out twice.
-    ProducerIds { broker_id: i32, start: i64, size: i64 },
-    FeatureLevel { name: String, level: i16 },
+    ProducerIds {
+        broker_id: i32,
+        start: i64,
+        size: i64,
+    },
+    FeatureLevel {
+        name: String,
+        level: i16,
+    },
 }
 
 /// The records of one raft entry.
