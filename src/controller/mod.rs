@@ -1,10 +1,13 @@
 //! The metadata quorum (KRaft's role): a raft-rs group whose log is the
 //! cluster metadata.
 //!
+//! - [`core`]: the active controller's decisions (registrations, heartbeats,
+//!   fencing, placement, producer-id blocks) as `step(input) -> effects`.
 //! - [`store`]: what the quorum needs from durable storage ([`store::RaftLogStore`]).
 //! - [`disk`]: the raft log, hard state and snapshots on disk, checksummed.
 //! - [`node`]: the Ready-contract core around `raft::RawNode`; it does no
 //!   network I/O and touches disk only through [`store::RaftLogStore`], so
 //!   the deterministic simulation (`tests/quorum_sim.rs`) runs the same code.
 
+pub mod core;
 pub mod store;
