@@ -299,7 +299,7 @@ impl ControllerCore {
                 None => Reply::Error(ControllerError::Conflict),
             },
             Request::Heartbeat { broker_id, want_shutdown, .. } => {
-                let fenced = self.image.brokers.get(broker_id).map_or(true, |b| b.fenced);
+                let fenced = self.image.brokers.get(broker_id).is_none_or(|b| b.fenced);
                 Reply::Heartbeat { fenced, shutdown_done: *want_shutdown && self.leads_nothing(*broker_id) }
             }
             Request::CreateTopic { name, .. } => match self.image.topic(name) {
