@@ -4,6 +4,8 @@
 //! - [`core`]: the active controller's decisions (registrations, heartbeats,
 //!   fencing, placement, producer-id blocks) as `step(input) -> effects`.
 //! - [`store`]: what the quorum needs from durable storage ([`store::RaftLogStore`]).
+//! - [`transport`]: controller-to-controller frames and the handshake that
+//!   refuses non-voters, a different voters list or another cluster id.
 //! - [`disk`]: the raft log, hard state and snapshots on disk, checksummed.
 //! - [`node`]: the Ready-contract core around `raft::RawNode`; it does no
 //!   network I/O and touches disk only through [`store::RaftLogStore`], so
@@ -11,3 +13,4 @@
 
 pub mod core;
 pub mod store;
+pub mod transport;
