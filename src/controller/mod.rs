@@ -7,4 +7,5 @@
 //!   network I/O and touches disk only through [`store::RaftLogStore`], so
 //!   the deterministic simulation (`tests/quorum_sim.rs`) runs the same code.
 
+pub mod disk;
 pub mod store;
