@@ -1053,7 +1053,7 @@ mod tests {
                     // Append, maybe overwriting the uncommitted suffix.
                     let lo = m.commit.max(m.snap_index) + 1;
                     let start = rng.range(lo, m.last() + 1);
-                    if rng.next() % 3 == 0 {
+                    if rng.next().is_multiple_of(3) {
                         term += 1;
                     }
                     let n = rng.range(1, 4);
@@ -1098,7 +1098,7 @@ mod tests {
                 8 => {
                     // A leader's snapshot past our commit.
                     let i = rng.range(m.commit.max(m.snap_index) + 1, m.last() + 2);
-                    let agree = i <= m.last() && rng.next() % 2 == 0;
+                    let agree = i <= m.last() && rng.next().is_multiple_of(2);
                     let t = if agree {
                         m.term(i)
                     } else {
