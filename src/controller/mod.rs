@@ -12,5 +12,6 @@
 //!   the deterministic simulation (`tests/quorum_sim.rs`) runs the same code.
 
 pub mod core;
+pub mod disk;
 pub mod store;
 pub mod transport;
