@@ -110,6 +110,11 @@ impl ControllerCore {
         &self.image
     }
 
+    /// A committed entry without records (the leader's no-op of a new term).
+    pub fn advance_to(&mut self, offset: u64) {
+        self.image.advance_to(offset);
+    }
+
     pub fn step(&mut self, input: Input) -> Vec<Effect> {
         match input {
             Input::Committed { offset, batch } => self.committed(offset, batch),

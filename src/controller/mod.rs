@@ -4,6 +4,8 @@
 //! - [`core`]: the active controller's decisions (registrations, heartbeats,
 //!   fencing, placement, producer-id blocks) as `step(input) -> effects`.
 //! - [`store`]: what the quorum needs from durable storage ([`store::RaftLogStore`]).
+//! - [`driver`]: [`driver::Controller`], the async driver: one thread owns
+//!   node, store and core; peer tasks carry frames over the CONTROLLER listener.
 //! - [`transport`]: controller-to-controller frames and the handshake that
 //!   refuses non-voters, a different voters list or another cluster id.
 //! - [`disk`]: the raft log, hard state and snapshots on disk, checksummed.
@@ -13,5 +15,7 @@
 
 pub mod core;
 pub mod disk;
+pub mod driver;
+pub mod node;
 pub mod store;
 pub mod transport;

@@ -54,7 +54,7 @@ pub enum MetadataError {
 }
 
 /// Kafka cluster ids are 16 random bytes in URL-safe base64 without padding.
-fn new_cluster_id() -> String {
+pub fn new_cluster_id() -> String {
     use base64::Engine;
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Uuid::new_v4().as_bytes())
 }

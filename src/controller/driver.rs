@@ -1,0 +1,518 @@
+//! The thin async driver that runs one controller: a [`QuorumNode`] over a
+//! [`DiskStore`], the [`ControllerCore`], and the CONTROLLER listener.
+//!
+//! One thread owns the raft node, the store and the core, and takes every
+//! input from one channel: clock ticks, raft messages from peers, requests,
+//! unreachable-peer reports. After each input it runs the Ready contract
+//! ([`QuorumNode::handle_ready`], which fsyncs), applies committed entries to
+//! the core's image, answers requests whose batch committed, publishes the
+//! image, and hands messages to one sender task per peer. Disk writes
+//! block only that thread, never a tokio worker.
+//!
+//! A request reaching a node that is not the active controller gets
+//! [`DriverError::NotController`] naming the leader it knows. A proposal
+//! raft drops is retried on every tick until it is appended or its
+//! deadline passes; one appended but lost to a leader change is answered
+//! with `NotController`, and the caller retries (records are idempotent).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use raft::StateRole;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::core::{ControllerCore, CoreSettings, Effect, Input as CoreInput, Reply, Request, RequestId};
+use super::disk::DiskStore;
+use super::node::{is_app_data, LeaderChange, ProposeError, QuorumConfig, QuorumNode};
+use super::store::StoreError;
+use super::transport::{self, Hello};
+use crate::config::Voter;
+use crate::metadata::image::ClusterImage;
+use crate::metadata::records::{MetadataRecord, RecordBatch};
+
+#[derive(Debug, Clone)]
+pub struct DriverSettings {
+    pub node_id: i32,
+    pub voters: Vec<Voter>,
+    pub metadata_log_dir: PathBuf,
+    pub session_timeout_ms: u64,
+    /// Raft's logical clock.
+    pub tick: Duration,
+    pub quorum: QuorumConfig,
+    /// Snapshot once the log since the last one holds this many bytes.
+    pub snapshot_bytes: u64,
+    /// How long a dropped proposal is retried before the request fails.
+    pub propose_timeout: Duration,
+}
+
+impl DriverSettings {
+    pub fn new(node_id: i32, voters: Vec<Voter>, metadata_log_dir: PathBuf) -> DriverSettings {
+        DriverSettings {
+            node_id,
+            voters,
+            metadata_log_dir,
+            session_timeout_ms: 9000,
+            tick: Duration::from_millis(50),
+            quorum: QuorumConfig::default(),
+            snapshot_bytes: 16 << 20,
+            propose_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DriverError {
+    #[error("not the active controller (it is {leader:?})")]
+    NotController { leader: Option<i32> },
+    #[error("the proposal was not accepted before its deadline")]
+    Timeout,
+    #[error("the controller has stopped")]
+    Stopped,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DriverStartError {
+    #[error("metadata log: {0}")]
+    Store(#[from] StoreError),
+    #[error("metadata quorum: {0}")]
+    Node(#[from] super::node::NodeError),
+    #[error("metadata snapshot in {dir}: {reason}")]
+    Snapshot { dir: PathBuf, reason: String },
+}
+
+/// Who leads the quorum, as this node sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuorumView {
+    pub leader: Option<i32>,
+    pub term: u64,
+    pub is_leader: bool,
+}
+
+enum Input {
+    Tick,
+    Raft(Box<Message>),
+    Unreachable(u64),
+    Request(Request, oneshot::Sender<Result<Reply, DriverError>>),
+    Stop,
+}
+
+/// A running controller.
+pub struct Controller {
+    inputs: mpsc::UnboundedSender<Input>,
+    image: watch::Receiver<Arc<ClusterImage>>,
+    view: watch::Receiver<QuorumView>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Controller {
+    /// Opens the metadata log (recovering it), then serves the quorum on
+    /// `listener` (the bound CONTROLLER listener).
+    pub async fn start(settings: DriverSettings, listener: TcpListener) -> Result<Controller, DriverStartError> {
+        let ids: Vec<u64> = settings.voters.iter().map(|v| v.id as u64).collect();
+        let dir = settings.metadata_log_dir.clone();
+        let store = tokio::task::spawn_blocking(move || DiskStore::initial(&dir, &ids))
+            .await
+            .expect("metadata log open does not panic")?;
+        let snapshot = raft::Storage::snapshot(&store, 0, 0).map_err(|e| StoreError::Raft(e.to_string()))?;
+        let applied = snapshot.get_metadata().index;
+        let image = if snapshot.data.is_empty() {
+            ClusterImage::default()
+        } else {
+            let mut image = ClusterImage::decode(&snapshot.data)
+                .map_err(|reason| DriverStartError::Snapshot { dir: settings.metadata_log_dir.clone(), reason })?;
+            image.offset = applied;
+            image
+        };
+        let node = QuorumNode::new(settings.node_id as u64, store, settings.quorum.clone(), applied)?;
+        let (inputs, rx) = mpsc::unbounded_channel();
+        let (image_tx, image_rx) = watch::channel(Arc::new(image.clone()));
+        let (view_tx, view_rx) = watch::channel(QuorumView { leader: None, term: 0, is_leader: false });
+        let voters_text = transport::canonical_voters(&settings.voters);
+
+        let mut tasks = Vec::new();
+        let mut peers = HashMap::new();
+        for v in settings.voters.iter().filter(|v| v.id != settings.node_id) {
+            let (tx, peer_rx) = mpsc::channel(1024);
+            peers.insert(v.id as u64, tx);
+            tasks.push(tokio::spawn(send_to_peer(
+                v.clone(),
+                hello_source(settings.node_id, voters_text.clone(), image_rx.clone()),
+                peer_rx,
+                inputs.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(accept_peers(
+            listener,
+            settings.voters.clone(),
+            hello_source(settings.node_id, voters_text, image_rx.clone()),
+            inputs.clone(),
+        )));
+        let ticker = inputs.clone();
+        let tick = settings.tick;
+        tasks.push(tokio::spawn(async move {
+            let mut interval = tokio::time::interval(tick);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                if ticker.send(Input::Tick).is_err() {
+                    return;
+                }
+            }
+        }));
+        let core = ControllerCore::new(CoreSettings { session_timeout_ms: settings.session_timeout_ms }, image);
+        let mut run = Run {
+            settings,
+            node,
+            core,
+            peers,
+            image_tx,
+            view_tx,
+            waiting: HashMap::new(),
+            retry: Vec::new(),
+            next_request: 0,
+            started: Instant::now(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("strand-controller".into())
+            .spawn(move || run.run(rx))
+            .expect("controller thread starts");
+        Ok(Controller { inputs, image: image_rx, view: view_rx, thread: Some(thread), tasks })
+    }
+
+    /// Asks the controller; answered once the request's records are committed
+    /// and applied here (or at once if nothing needed changing).
+    pub async fn request(&self, request: Request) -> Result<Reply, DriverError> {
+        let (tx, rx) = oneshot::channel();
+        self.inputs.send(Input::Request(request, tx)).map_err(|_| DriverError::Stopped)?;
+        rx.await.unwrap_or(Err(DriverError::Stopped))
+    }
+
+    /// The image as of the last entry applied here.
+    pub fn image(&self) -> watch::Receiver<Arc<ClusterImage>> {
+        self.image.clone()
+    }
+
+    pub fn view(&self) -> watch::Receiver<QuorumView> {
+        self.view.clone()
+    }
+
+    /// Stops the node; everything acknowledged is already durable.
+    pub async fn stop(mut self) {
+        let _ = self.inputs.send(Input::Stop);
+        for t in self.tasks.drain(..) {
+            t.abort();
+            // Awaited so the listener is closed when `stop` returns.
+            let _ = t.await;
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        let _ = self.inputs.send(Input::Stop);
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Our hello, with the cluster id as currently known.
+fn hello_source(
+    node_id: i32,
+    voters: String,
+    image: watch::Receiver<Arc<ClusterImage>>,
+) -> impl Fn() -> Hello + Send + Clone + 'static {
+    move || Hello { node_id, voters: voters.clone(), cluster_id: image.borrow().cluster_id.clone() }
+}
+
+struct Run {
+    settings: DriverSettings,
+    node: QuorumNode<DiskStore>,
+    core: ControllerCore,
+    peers: HashMap<u64, mpsc::Sender<Message>>,
+    image_tx: watch::Sender<Arc<ClusterImage>>,
+    view_tx: watch::Sender<QuorumView>,
+    /// Requests proposed (or answered by core effects later), by core request id.
+    waiting: HashMap<RequestId, oneshot::Sender<Result<Reply, DriverError>>>,
+    /// Batches raft dropped, retried each tick until their deadline.
+    retry: Vec<(RecordBatch, Instant, Option<RequestId>)>,
+    next_request: RequestId,
+    started: Instant,
+}
+
+impl Run {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
+        while let Some(input) = rx.blocking_recv() {
+            match input {
+                Input::Stop => break,
+                Input::Tick => {
+                    self.node.tick();
+                    if self.node.is_leader() {
+                        let effects = self.core.step(CoreInput::Tick { now_ms: self.now_ms() });
+                        self.effects(effects, None);
+                        self.retry_dropped();
+                    }
+                }
+                Input::Raft(msg) => {
+                    // Errors mean raft ignored the message (e.g. from a stale peer).
+                    let _ = self.node.step(*msg);
+                }
+                Input::Unreachable(id) => self.node.report_unreachable(id),
+                Input::Request(request, reply) => self.request(request, reply),
+            }
+            if let Err(e) = self.ready() {
+                // The metadata log cannot be written: stop rather than run on
+                // with state raft believes durable but is not.
+                tracing::error!(error = %e, "metadata log write failed; the controller stops");
+                break;
+            }
+        }
+        for (_, w) in self.waiting.drain() {
+            let _ = w.send(Err(DriverError::Stopped));
+        }
+    }
+
+    fn request(&mut self, request: Request, reply: oneshot::Sender<Result<Reply, DriverError>>) {
+        if !self.node.is_leader() {
+            let leader = self.node.leader_id().map(|l| l as i32);
+            let _ = reply.send(Err(DriverError::NotController { leader }));
+            return;
+        }
+        self.next_request += 1;
+        let id = self.next_request;
+        self.waiting.insert(id, reply);
+        let effects = self.core.step(CoreInput::Request { id, request, now_ms: self.now_ms() });
+        self.effects(effects, Some(id));
+    }
+
+    fn effects(&mut self, effects: Vec<Effect>, _for_request: Option<RequestId>) {
+        for effect in effects {
+            match effect {
+                Effect::Reply { id, reply } => {
+                    if let Some(w) = self.waiting.remove(&id) {
+                        let _ = w.send(Ok(reply));
+                    }
+                }
+                Effect::Propose(batch) => {
+                    let deadline = Instant::now() + self.settings.propose_timeout;
+                    self.propose(batch, deadline, _for_request);
+                }
+            }
+        }
+    }
+
+    fn propose(&mut self, batch: RecordBatch, deadline: Instant, request: Option<RequestId>) {
+        match self.node.propose(batch.encode()) {
+            Ok(()) => {}
+            Err(ProposeError::Dropped) => self.retry.push((batch, deadline, request)),
+            Err(ProposeError::NotLeader { leader }) => {
+                if let Some(w) = request.and_then(|id| self.waiting.remove(&id)) {
+                    let _ = w.send(Err(DriverError::NotController { leader: leader.map(|l| l as i32) }));
+                }
+            }
+        }
+    }
+
+    fn retry_dropped(&mut self) {
+        let now = Instant::now();
+        for (batch, deadline, request) in std::mem::take(&mut self.retry) {
+            if now >= deadline {
+                if let Some(w) = request.and_then(|id| self.waiting.remove(&id)) {
+                    let _ = w.send(Err(DriverError::Timeout));
+                }
+                continue;
+            }
+            self.propose(batch, deadline, request);
+        }
+    }
+
+    fn ready(&mut self) -> Result<(), StoreError> {
+        while self.node.has_ready() {
+            let out = self.node.handle_ready()?;
+            if let Some(snap) = &out.snapshot {
+                match ClusterImage::decode(&snap.data) {
+                    Ok(mut image) => {
+                        image.offset = snap.get_metadata().index;
+                        self.core = ControllerCore::new(self.core_settings(), image);
+                    }
+                    Err(reason) => {
+                        return Err(StoreError::Raft(format!("snapshot from the leader: {reason}")));
+                    }
+                }
+            }
+            let mut changed = out.snapshot.is_some();
+            for e in &out.committed {
+                if is_app_data(e) {
+                    match RecordBatch::decode(e.index, &e.data) {
+                        Ok(batch) => {
+                            let effects = self.core.step(CoreInput::Committed { offset: e.index, batch });
+                            self.effects(effects, None);
+                        }
+                        Err(err) => {
+                            // Every node holds the same bytes: skipping is the same everywhere.
+                            tracing::error!(error = %err, "undecodable metadata entry skipped");
+                            self.core.advance_to(e.index);
+                        }
+                    }
+                } else {
+                    self.core.advance_to(e.index);
+                }
+                changed = true;
+            }
+            if let Some(index) = out.applied_through() {
+                self.node.advance_applied(index);
+            }
+            if changed {
+                self.image_tx.send_replace(Arc::new(self.core.image().clone()));
+            }
+            if let Some(change) = out.leader_changed {
+                self.leader_changed(change);
+            }
+            for msg in out.messages {
+                self.send(msg);
+            }
+            let core = &self.core;
+            self.node.maybe_snapshot(self.settings.snapshot_bytes, || core.image().encode())?;
+        }
+        Ok(())
+    }
+
+    fn core_settings(&self) -> CoreSettings {
+        CoreSettings { session_timeout_ms: self.settings.session_timeout_ms }
+    }
+
+    fn leader_changed(&mut self, change: LeaderChange) {
+        let is_leader = change.role == StateRole::Leader;
+        self.view_tx.send_replace(QuorumView { leader: change.leader.map(|l| l as i32), term: change.term, is_leader });
+        tracing::info!(node = self.settings.node_id, leader = ?change.leader, term = change.term, "metadata quorum leader");
+        // Whatever this node was waiting for as leader is now someone else's.
+        let leader = change.leader.map(|l| l as i32);
+        for (_, w) in self.waiting.drain() {
+            let _ = w.send(Err(DriverError::NotController { leader }));
+        }
+        self.retry.clear();
+        if is_leader {
+            // A new active controller: fresh broker sessions, decisions from
+            // the committed image.
+            self.core = ControllerCore::new(self.core_settings(), self.core.image().clone());
+            if self.core.image().cluster_id.is_none() {
+                let batch = RecordBatch {
+                    proposal: uuid::Uuid::new_v4(),
+                    records: vec![MetadataRecord::ClusterId { cluster_id: crate::metadata::new_cluster_id() }],
+                };
+                self.propose(batch, Instant::now() + self.settings.propose_timeout, None);
+            }
+        }
+    }
+
+    fn send(&mut self, msg: Message) {
+        let to = msg.to;
+        let is_snapshot = msg.get_msg_type() == MessageType::MsgSnapshot;
+        let delivered = match self.peers.get(&to) {
+            Some(tx) => tx.try_send(msg).is_ok(),
+            None => false,
+        };
+        if !delivered {
+            self.node.report_unreachable(to);
+        }
+        if is_snapshot {
+            self.node.report_snapshot(to, delivered);
+        }
+    }
+}
+
+/// Keeps one connection to a peer open and writes the messages for it.
+async fn send_to_peer(
+    peer: Voter,
+    hello: impl Fn() -> Hello,
+    mut messages: mpsc::Receiver<Message>,
+    inputs: mpsc::UnboundedSender<Input>,
+) {
+    let addr = format!("{}:{}", peer.host, peer.port);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut stream = match TcpStream::connect(&addr).await {
+            Ok(s) => s,
+            Err(_) => {
+                // Drop what queued meanwhile: raft resends from its progress.
+                while messages.try_recv().is_ok() {}
+                let _ = inputs.send(Input::Unreachable(peer.id as u64));
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        match transport::connect_handshake(&mut stream, &hello()).await {
+            Ok(_) => backoff = Duration::from_millis(50),
+            Err(e) => {
+                tracing::error!(peer = peer.id, %addr, error = %e, "controller peer refused the connection");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        }
+        loop {
+            let Some(msg) = messages.recv().await else { return };
+            let bytes = match msg.write_to_bytes() {
+                Ok(b) => b,
+                Err(_) => continue,
+            };
+            if transport::write_frame(&mut stream, &bytes).await.is_err() {
+                let _ = inputs.send(Input::Unreachable(peer.id as u64));
+                break;
+            }
+        }
+    }
+}
+
+/// Accepts peers' connections on the CONTROLLER listener.
+async fn accept_peers(
+    listener: TcpListener,
+    voters: Vec<Voter>,
+    hello: impl Fn() -> Hello + Send + Clone + 'static,
+    inputs: mpsc::UnboundedSender<Input>,
+) {
+    loop {
+        let Ok((mut stream, from)) = listener.accept().await else { continue };
+        let _ = stream.set_nodelay(true);
+        let voters = voters.clone();
+        let hello = hello.clone();
+        let inputs = inputs.clone();
+        tokio::spawn(async move {
+            let peer = match transport::accept_handshake(&mut stream, &hello(), &voters).await {
+                Ok(h) => h,
+                Err(e) => {
+                    tracing::error!(%from, error = %e, "controller connection refused");
+                    return;
+                }
+            };
+            while let Ok(frame) = transport::read_frame(&mut stream).await {
+                match Message::parse_from_bytes(&frame) {
+                    // Only messages from the peer that said hello.
+                    Ok(m) if m.from == peer.node_id as u64 => {
+                        if inputs.send(Input::Raft(Box::new(m))).is_err() {
+                            return;
+                        }
+                    }
+                    _ => {
+                        tracing::warn!(peer = peer.node_id, "malformed controller frame; closing");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
