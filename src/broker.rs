@@ -10,6 +10,7 @@ use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinSet;
 
 use crate::api::fetch_session::FetchSessionCache;
+use crate::cluster::ClusterNode;
 use crate::config::BrokerConfig;
 use crate::group::GroupCoordinator;
 use crate::replica::{ReplicaManager, TopicError};
@@ -24,9 +25,25 @@ pub struct BrokerState {
     fetch_sessions: Mutex<FetchSessionCache>,
     /// Bytes of requests being received or handled (`queued.max.request.bytes`).
     request_pool: Arc<MemoryPool>,
+    /// In a multi-node cluster: the quorum, the image and this broker's
+    /// registration. `None` on a single node.
+    cluster: Option<Arc<ClusterNode>>,
 }
 
 impl BrokerState {
+    pub fn cluster(&self) -> Option<&Arc<ClusterNode>> {
+        self.cluster.as_ref()
+    }
+
+    /// The cluster id clients see: the quorum's in a cluster (empty until
+    /// the first controller has written it), the node's own otherwise.
+    pub fn cluster_id(&self) -> String {
+        match &self.cluster {
+            Some(c) => c.image().cluster_id.clone().unwrap_or_default(),
+            None => self.replicas.cluster_id.clone(),
+        }
+    }
+
     pub fn config(&self) -> &BrokerConfig {
         &self.replicas.config
     }
@@ -58,6 +75,8 @@ pub enum StartError {
     Listener(String),
     #[error("{0}")]
     Unsupported(String),
+    #[error("{0}")]
+    Quorum(#[from] crate::controller::driver::DriverStartError),
 }
 
 /// A running broker. Dropping it does not stop it; call [`BrokerHandle::shutdown`].
@@ -72,27 +91,47 @@ pub struct Broker;
 
 impl Broker {
     /// Opens the logs (recovering as needed), binds every listener and starts serving.
-    pub async fn start(mut config: BrokerConfig) -> Result<BrokerHandle, StartError> {
+    pub async fn start(config: BrokerConfig) -> Result<BrokerHandle, StartError> {
+        Self::start_with_listeners(config, Vec::new()).await
+    }
+
+    /// [`Broker::start`] with some listeners already bound (by name; the
+    /// CONTROLLER listener too), as a test harness does to learn every
+    /// node's ports before any node starts, without a bind-and-release race.
+    pub async fn start_with_listeners(
+        mut config: BrokerConfig,
+        mut prebound: Vec<(String, TcpListener)>,
+    ) -> Result<BrokerHandle, StartError> {
         let started = Instant::now();
-        if let Some(q) = config.quorum.as_ref().filter(|q| !q.is_single_node(config.node_id)) {
-            // The quorum's pieces (raft log on disk, Ready-loop core, metadata
-            // image, placement) exist, but brokers do not yet serve from them:
-            // say so rather than run a single node the user believes is a cluster.
-            return Err(StartError::Unsupported(format!(
-                "controller.quorum.voters names {} voter(s) and process.roles is {}: a multi-node cluster is not \
-                 served by this build yet; remove controller.quorum.voters (or list only this node, with \
-                 process.roles=broker,controller) to run a single node",
-                q.voters.len(),
-                match (q.roles.broker, q.roles.controller) {
-                    (true, true) => "broker,controller",
-                    (true, false) => "broker",
-                    _ => "controller",
-                }
-            )));
+        let cluster_quorum = config.quorum.clone().filter(|q| !q.is_single_node(config.node_id));
+        if let Some(q) = &cluster_quorum {
+            if !(q.roles.broker && q.roles.controller) {
+                // Broker-only and controller-only nodes are not built yet: say so
+                // rather than run something the user did not configure.
+                return Err(StartError::Unsupported(format!(
+                    "process.roles={}: this build runs multi-node clusters of combined nodes only \
+                     (process.roles=broker,controller on every voter)",
+                    if q.roles.broker { "broker" } else { "controller" }
+                )));
+            }
         }
+        let mut take_prebound =
+            |name: &str| prebound.iter().position(|(n, _)| n == name).map(|i| prebound.swap_remove(i).1);
         // Bind first so a port-0 listener's real port can be advertised.
         let mut bound = Vec::new();
         for l in config.listeners.clone() {
+            if let Some(socket) = take_prebound(&l.name) {
+                let local = socket.local_addr().map_err(|source| StartError::Bind {
+                    name: l.name.clone(),
+                    addr: format!("{}:{}", l.host, l.port),
+                    source,
+                })?;
+                for a in config.advertised_listeners.iter_mut().filter(|a| a.name == l.name && a.port == 0) {
+                    a.port = local.port();
+                }
+                bound.push((l.name.clone(), local, socket));
+                continue;
+            }
             let addr = l.bind_addr().map_err(StartError::Listener)?;
             let socket = TcpListener::bind(addr).await.map_err(|source| StartError::Bind {
                 name: l.name.clone(),
@@ -109,6 +148,20 @@ impl Broker {
             }
             bound.push((l.name.clone(), local, socket));
         }
+        let controller_socket = match cluster_quorum.as_ref().and_then(|q| q.controller_listener.clone()) {
+            None => None,
+            Some(l) => match take_prebound(&l.name) {
+                Some(socket) => Some(socket),
+                None => {
+                    let addr = l.bind_addr().map_err(StartError::Listener)?;
+                    Some(TcpListener::bind(addr).await.map_err(|source| StartError::Bind {
+                        name: l.name.clone(),
+                        addr: addr.to_string(),
+                        source,
+                    })?)
+                }
+            },
+        };
         let log_dir = config.log_dir.clone();
         let cfg = config.clone();
         // Log recovery is blocking file I/O.
@@ -117,9 +170,34 @@ impl Broker {
             .map_err(|e| StartError::Listener(format!("log loading panicked: {e}")))??;
         let replicas = Arc::new(replicas);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let groups = Arc::new(GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?);
-        let txns = TxnCoordinator::start(replicas.clone(), groups.clone(), config.txn.clone(), shutdown_rx.clone())?;
+        let cluster = match (&cluster_quorum, controller_socket) {
+            (Some(q), Some(socket)) => {
+                let leftovers = replicas.single_node_topics();
+                if !leftovers.is_empty() {
+                    return Err(StartError::Unsupported(format!(
+                        "{} holds topics of a single-node Strand ({}); a cluster node needs a log directory that \
+                         is empty or was written by a cluster node",
+                        log_dir.display(),
+                        leftovers.join(", ")
+                    )));
+                }
+                Some(ClusterNode::start(config.node_id, q, socket).await?)
+            }
+            _ => None,
+        };
+        let (groups, txns) = if cluster.is_some() {
+            // Coordinators across brokers are not built yet: every group and
+            // transaction request is answered COORDINATOR_NOT_AVAILABLE.
+            (Arc::new(GroupCoordinator::unavailable()), TxnCoordinator::unavailable(config.txn.clone()))
+        } else {
+            let groups =
+                Arc::new(GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?);
+            let txns =
+                TxnCoordinator::start(replicas.clone(), groups.clone(), config.txn.clone(), shutdown_rx.clone())?;
+            (groups, txns)
+        };
         let state = Arc::new(BrokerState {
+            cluster: cluster.clone(),
             fetch_sessions: Mutex::new(FetchSessionCache::new(config.fetch_session_cache_slots)),
             request_pool: Arc::new(MemoryPool::new(config.queued_max_request_bytes)),
             groups,
@@ -134,6 +212,24 @@ impl Broker {
             tasks.spawn(crate::server::serve(state.clone(), socket, name, shutdown_rx.clone(), permits.clone()));
         }
         tasks.spawn(housekeeping(state.clone(), shutdown_rx.clone()));
+        if let Some(node) = &cluster {
+            let endpoints = config
+                .advertised_listeners
+                .iter()
+                .map(|l| crate::metadata::records::Endpoint {
+                    name: l.name.clone(),
+                    host: l.host.clone(),
+                    port: l.port,
+                })
+                .collect();
+            tasks.spawn(crate::cluster::publisher::run(node.clone(), state.replicas.clone(), shutdown_rx.clone()));
+            tasks.spawn(crate::cluster::lifecycle::run(
+                node.clone(),
+                endpoints,
+                config.rack.clone(),
+                shutdown_rx.clone(),
+            ));
+        }
         if config.scrub.enable {
             tasks.spawn(scrubber(state.clone(), shutdown_rx.clone()));
         }
@@ -238,6 +334,9 @@ impl BrokerHandle {
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         while self.tasks.join_next().await.is_some() {}
+        if let Some(node) = self.state.cluster() {
+            node.stop().await;
+        }
         let state = self.state.clone();
         let _ = tokio::task::spawn_blocking(move || state.replicas.close()).await;
         tracing::info!("strand stopped");

@@ -20,6 +20,7 @@
 pub mod alloc_guard;
 pub mod api;
 pub mod broker;
+pub mod cluster;
 pub mod config;
 pub mod controller;
 pub mod group;

@@ -134,7 +134,11 @@ async fn three_controllers_agree_fail_over_and_recover_from_disk() {
         .await;
         assert_eq!(r, Reply::Heartbeat { fenced: false, shutdown_done: false });
     }
-    let r = call(&nodes, Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1 }).await;
+    let r = call(
+        &nodes,
+        Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1, configs: Default::default() },
+    )
+    .await;
     let Reply::TopicCreated { id } = r else { panic!("{r:?}") };
 
     // Every node applies the same image.
@@ -155,7 +159,11 @@ async fn three_controllers_agree_fail_over_and_recover_from_disk() {
     nodes[idx].controller.take().unwrap().stop().await;
     let second = leader(&nodes).await;
     assert_ne!(second, first);
-    let r = call(&nodes, Request::CreateTopic { name: "u".into(), partitions: 2, replication_factor: 1 }).await;
+    let r = call(
+        &nodes,
+        Request::CreateTopic { name: "u".into(), partitions: 2, replication_factor: 1, configs: Default::default() },
+    )
+    .await;
     assert!(matches!(r, Reply::TopicCreated { .. }), "{r:?}");
     println!(
         "controller failover: leader {first} stopped, {second} elected and committed the next record in {} ms",

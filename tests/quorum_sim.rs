@@ -109,9 +109,7 @@ impl LogState {
                 let term = self.term(*index).expect("snapshot index in the log");
                 let drop = (index - self.snap_index()) as usize;
                 self.entries.drain(..drop);
-                let mut meta = SnapshotMetadata::default();
-                meta.index = *index;
-                meta.term = term;
+                let mut meta = SnapshotMetadata { index: *index, term, ..Default::default() };
                 meta.set_conf_state(self.cs.clone());
                 let mut snap = Snapshot::default();
                 snap.set_metadata(meta);
@@ -577,7 +575,7 @@ impl Sim {
 
     fn step(&mut self) {
         self.now += 1;
-        if self.now % TICK_UNITS == 0 {
+        if self.now.is_multiple_of(TICK_UNITS) {
             for sn in self.nodes.iter_mut() {
                 if let Some(node) = sn.node.as_mut() {
                     node.tick();

@@ -111,13 +111,16 @@ fn create_one(
             partitions
         }
     } else {
-        topic.partitions.len() as i32
+        topic.partition_count
     };
     Ok((topic.id, count, overrides))
 }
 
 /// Effective configs of a new topic, for CreateTopics v5+.
-fn described_configs(ctx: &RequestContext, overrides: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+pub(super) fn described_configs(
+    ctx: &RequestContext,
+    overrides: &BTreeMap<String, String>,
+) -> Vec<CreatableTopicConfigs> {
     let dynamic = ctx.state.replicas.dynamic_configs();
     TOPIC_CONFIGS
         .iter()
@@ -179,6 +182,12 @@ pub fn create_partitions(ctx: &RequestContext, req: CreatePartitionsRequest) -> 
         .into_iter()
         .map(|t| {
             let outcome = (|| {
+                if ctx.state.cluster().is_some() {
+                    return Err(TopicError::InvalidRequest(format!(
+                        "CreatePartitions is {}",
+                        super::forward::NOT_IN_CLUSTER_YET
+                    )));
+                }
                 if let Some(assignments) = &t.assignments {
                     if assignments.iter().any(|a| a.broker_ids.len() != 1 || a.broker_ids[0].0 != node) {
                         return Err(TopicError::InvalidReplicaAssignment(format!("the only broker is {node}")));
@@ -207,6 +216,9 @@ pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> Delete
                 .into_iter()
                 .map(|p| {
                     let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+                    if let Err(n) = super::routing::check(&ctx.state, t.name.0.as_str(), p.partition_index) {
+                        return base.with_error_code(n.code).with_low_watermark(-1);
+                    }
                     let Some(partition) = topic.as_ref().and_then(|t| t.partition(p.partition_index)) else {
                         return base
                             .with_error_code(ResponseError::UnknownTopicOrPartition.code())
@@ -247,6 +259,47 @@ pub fn describe_cluster(ctx: &RequestContext, req: DescribeClusterRequest) -> De
             .with_endpoint_type(req.endpoint_type)
             .with_cluster_id(str_bytes(&ctx.state.replicas.cluster_id))
             .with_controller_id(BrokerId(-1));
+    }
+    if let Some(cluster) = ctx.state.cluster() {
+        let image = cluster.image();
+        let brokers: Vec<DescribeClusterBroker> = if ctx.version >= 1 && req.endpoint_type == 2 {
+            // Controllers: the voters, at their CONTROLLER listener.
+            config
+                .quorum
+                .iter()
+                .flat_map(|q| q.voters.iter())
+                .map(|v| {
+                    DescribeClusterBroker::default()
+                        .with_broker_id(BrokerId(v.id))
+                        .with_host(str_bytes(&v.host))
+                        .with_port(v.port as i32)
+                        .with_rack(None)
+                })
+                .collect()
+        } else {
+            image
+                .brokers
+                .values()
+                .filter_map(|b| {
+                    let e = b.endpoints.iter().find(|e| e.name == ctx.listener).or(b.endpoints.first())?;
+                    Some(
+                        DescribeClusterBroker::default()
+                            .with_broker_id(BrokerId(b.id))
+                            .with_host(str_bytes(&e.host))
+                            .with_port(e.port as i32)
+                            .with_rack(b.rack.as_deref().map(str_bytes))
+                            .with_is_fenced(b.fenced),
+                    )
+                })
+                .collect()
+        };
+        return DescribeClusterResponse::default()
+            .with_error_code(0)
+            .with_endpoint_type(if ctx.version >= 1 { req.endpoint_type } else { 1 })
+            .with_cluster_id(str_bytes(&ctx.state.cluster_id()))
+            .with_controller_id(BrokerId(cluster.quorum().leader.unwrap_or(-1)))
+            .with_brokers(brokers)
+            .with_cluster_authorized_operations(i32::MIN);
     }
     let advertised = config.advertised_for(&ctx.listener);
     let broker = DescribeClusterBroker::default()

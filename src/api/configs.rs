@@ -289,6 +289,10 @@ fn apply_to_resource(
         &dyn Fn(&str, &str) -> Result<String, String>,
     ) -> Result<BTreeMap<String, String>, String>,
 ) -> Result<(), (i16, String)> {
+    if ctx.state.cluster().is_some() {
+        // Changing only this broker's copy would leave the cluster disagreeing.
+        return Err((ResponseError::InvalidRequest.code(), super::forward::NOT_IN_CLUSTER_YET.to_string()));
+    }
     let node = ctx.state.config().node_id.to_string();
     let target = match resource_type {
         RESOURCE_TOPIC => Target::Topic(name.to_string()),

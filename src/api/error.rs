@@ -81,3 +81,39 @@ pub fn topic_code(e: &TopicError) -> i16 {
     };
     r.code()
 }
+
+/// A partition another broker leads (or none does, for now).
+pub fn not_leader_code() -> i16 {
+    ResponseError::NotLeaderOrFollower.code()
+}
+
+pub fn unknown_partition_code() -> i16 {
+    ResponseError::UnknownTopicOrPartition.code()
+}
+
+/// What a broker tells a client when the controller refused or could not
+/// be reached: (code, message).
+pub fn controller_code(e: &crate::controller::driver::DriverError) -> (i16, String) {
+    use crate::controller::driver::DriverError;
+    let r = match e {
+        DriverError::NotController { .. } | DriverError::Unreachable(_) | DriverError::Stopped => {
+            ResponseError::NotController
+        }
+        DriverError::Timeout => ResponseError::RequestTimedOut,
+    };
+    (r.code(), e.to_string())
+}
+
+/// A controller's refusal of a topic request: (code, message).
+pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i16, String) {
+    use crate::controller::core::ControllerError;
+    let r = match e {
+        ControllerError::StaleBrokerEpoch(_) => ResponseError::StaleBrokerEpoch,
+        ControllerError::TopicExists(_) => ResponseError::TopicAlreadyExists,
+        ControllerError::UnknownTopic(_) => ResponseError::UnknownTopicOrPartition,
+        ControllerError::Placement(_) => ResponseError::InvalidReplicationFactor,
+        ControllerError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
+        ControllerError::Conflict => ResponseError::RequestTimedOut,
+    };
+    (r.code(), e.to_string())
+}

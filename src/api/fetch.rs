@@ -10,7 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::select_all;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_response::{AbortedTransaction, FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, LeaderIdAndEpoch, NodeEndpoint, PartitionData,
+};
 use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, ProducerId, TopicName};
 use tokio::time::Instant;
 use uuid::Uuid;
@@ -30,7 +32,12 @@ struct Target {
     topic_name: String,
     topic_id: Uuid,
     partition: Result<Arc<Partition>, i16>,
+    /// KIP-951: the leader to try instead (id, epoch), for NOT_LEADER_OR_FOLLOWER.
+    leader: Option<(i32, i32)>,
 }
+
+/// Fetch v16+ carries the current leader of a NOT_LEADER_OR_FOLLOWER partition (KIP-951).
+const CURRENT_LEADER_VERSION: i16 = 16;
 
 struct PartitionResult {
     error_code: i16,
@@ -103,6 +110,7 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, 
 
     // Build the response, grouping consecutive partitions of one topic.
     let mut responses: Vec<FetchableTopicResponse> = Vec::new();
+    let mut leaders_named = Vec::new();
     let mut sessions = ctx.state.lock_fetch_sessions();
     for (target, result) in targets.iter().zip(results) {
         let offsets = result.offsets.unwrap_or(PartitionOffsets {
@@ -156,6 +164,15 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, 
             })
             .with_preferred_read_replica(BrokerId(-1))
             .with_records(Some(result.records));
+        let data = match target.leader.filter(|_| ctx.version >= CURRENT_LEADER_VERSION) {
+            Some((leader, epoch)) => {
+                leaders_named.push(leader);
+                data.with_current_leader(
+                    LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch),
+                )
+            }
+            None => data,
+        };
         let same_topic = responses.last().is_some_and(|last| {
             if uses_ids {
                 last.topic_id == target.topic_id && target.topic_id != Uuid::nil()
@@ -175,7 +192,22 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, 
         responses.last_mut().expect("pushed above").partitions.push(data);
     }
     drop(sessions);
-    (FetchResponse::default().with_error_code(0).with_session_id(session_id).with_responses(responses), files)
+    let node_endpoints = super::routing::endpoints(&ctx.state, &ctx.listener, &leaders_named)
+        .into_iter()
+        .map(|(id, host, port, rack)| {
+            NodeEndpoint::default()
+                .with_node_id(BrokerId(id))
+                .with_host(str_bytes(&host))
+                .with_port(port as i32)
+                .with_rack(rack.as_deref().map(str_bytes))
+        })
+        .collect();
+    let response = FetchResponse::default()
+        .with_error_code(0)
+        .with_session_id(session_id)
+        .with_responses(responses)
+        .with_node_endpoints(node_endpoints);
+    (response, files)
 }
 
 fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, uses_ids: bool) -> Target {
@@ -183,7 +215,10 @@ fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, use
     let (topic, name, id) = match &key.0 {
         TopicKey::Id(id) => {
             let t = replicas.topic_by_id(id);
-            let name = t.as_ref().map(|t| t.name.clone()).unwrap_or_default();
+            let name = match &t {
+                Some(t) => t.name.clone(),
+                None => super::routing::topic_name_for_id(&ctx.state, id).unwrap_or_default(),
+            };
             (t, name, *id)
         }
         TopicKey::Name(n) => {
@@ -193,11 +228,13 @@ fn resolve(ctx: &RequestContext, key: PartitionKey, cached: CachedPartition, use
         }
     };
     let unknown = if uses_ids { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }.code();
-    let partition = match topic {
-        None => Err(unknown),
-        Some(t) => t.partition(key.1).cloned().ok_or(ResponseError::UnknownTopicOrPartition.code()),
+    let routed = if name.is_empty() { Ok(()) } else { super::routing::check(&ctx.state, &name, key.1) };
+    let (partition, leader) = match (routed, topic) {
+        (Err(n), _) => (Err(n.code), n.leader),
+        (Ok(()), None) => (Err(unknown), None),
+        (Ok(()), Some(t)) => (t.partition(key.1).cloned().ok_or(ResponseError::UnknownTopicOrPartition.code()), None),
     };
-    Target { key, cached, topic_name: name, topic_id: id, partition }
+    Target { key, cached, topic_name: name, topic_id: id, partition, leader }
 }
 
 /// Reads every target in order within the response byte budget. The first

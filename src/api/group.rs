@@ -40,6 +40,20 @@ pub fn find_coordinator(ctx: &RequestContext, req: FindCoordinatorRequest) -> Fi
     let config = ctx.state.config();
     let advertised = config.advertised_for(&ctx.listener);
     let answer = |key: &str| -> (i16, Option<String>) {
+        let available = match req.key_type {
+            KEY_TYPE_GROUP => ctx.state.groups().is_available(),
+            _ => ctx.state.txns().is_available(),
+        };
+        if !available && (req.key_type == KEY_TYPE_GROUP || req.key_type == KEY_TYPE_TRANSACTION) {
+            return (
+                ResponseError::CoordinatorNotAvailable.code(),
+                Some(format!(
+                    "{} coordinators are {}",
+                    if req.key_type == KEY_TYPE_GROUP { "group" } else { "transaction" },
+                    super::forward::NOT_IN_CLUSTER_YET
+                )),
+            );
+        }
         match req.key_type {
             KEY_TYPE_GROUP if key.is_empty() => (ResponseError::InvalidRequest.code(), Some("empty group id".into())),
             KEY_TYPE_GROUP => (0, None),

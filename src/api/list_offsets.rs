@@ -30,6 +30,13 @@ pub fn handle(ctx: &RequestContext, req: ListOffsetsRequest) -> ListOffsetsRespo
                 .into_iter()
                 .map(|p| {
                     let base = ListOffsetsPartitionResponse::default().with_partition_index(p.partition_index);
+                    if let Err(n) = super::routing::check(&ctx.state, t.name.0.as_str(), p.partition_index) {
+                        let base = base.with_error_code(n.code).with_timestamp(-1).with_offset(-1);
+                        return match n.leader {
+                            Some((_, epoch)) if ctx.version >= 4 => base.with_leader_epoch(epoch),
+                            _ => base,
+                        };
+                    }
                     let partition = topic.as_ref().and_then(|t| t.partition(p.partition_index));
                     let Some(partition) = partition else {
                         return base

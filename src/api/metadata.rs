@@ -107,7 +107,7 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
                             }
                             match state.replicas.create_topic(name_str, -1, -1, Default::default(), false) {
                                 Ok(t) => {
-                                    budget.spend(t.partitions.len());
+                                    budget.spend(t.partition_count as usize);
                                     topics.push(topic_metadata(&t, node))
                                 }
                                 // Lost a race with another creator: report what exists now.
@@ -187,6 +187,135 @@ fn topic_metadata(t: &Topic, node: i32) -> MetadataResponseTopic {
         .with_name(Some(TopicName(str_bytes(&t.name))))
         .with_topic_id(t.id)
         .with_is_internal(t.internal)
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+/// Metadata in a multi-node cluster: brokers, controller, topics and
+/// leaders all from this broker's metadata image. Unknown topics are
+/// auto-created through the active controller when allowed.
+pub async fn handle_cluster(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
+    let state = &ctx.state;
+    let config = state.config();
+    let Some(cluster) = state.cluster() else { return handle(ctx, req) };
+    let requested = match req.topics {
+        None => None,
+        Some(t) if t.is_empty() && ctx.version == 0 => None,
+        Some(t) => Some(t),
+    };
+    let mut topics = Vec::new();
+    match requested {
+        None => {
+            let image = cluster.image();
+            let mut all: Vec<_> = image.topics.values().collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            topics.extend(all.into_iter().map(|t| image_topic_metadata(&image, t)));
+        }
+        Some(list) => {
+            let allow_auto = ctx.version < 4 || req.allow_auto_topic_creation;
+            let mut created = 0usize;
+            for requested in list {
+                let image = cluster.image();
+                if requested.topic_id != Uuid::nil() {
+                    match image.topics.get(&requested.topic_id) {
+                        Some(t) => topics.push(image_topic_metadata(&image, t)),
+                        None => {
+                            topics.push(topic_error(None, requested.topic_id, ResponseError::UnknownTopicId.code()))
+                        }
+                    }
+                    continue;
+                }
+                let Some(name) = requested.name else {
+                    topics.push(topic_error(None, Uuid::nil(), ResponseError::InvalidRequest.code()));
+                    continue;
+                };
+                let name_str = name.0.as_str();
+                if let Some(t) = image.topic(name_str) {
+                    topics.push(image_topic_metadata(&image, t));
+                    continue;
+                }
+                if let Err(e) = validate_topic_name(name_str) {
+                    topics.push(topic_error(Some(name.clone()), Uuid::nil(), error::topic_code(&e)));
+                    continue;
+                }
+                let may_create = allow_auto && config.auto_create_topics_enable && !name_str.starts_with("__");
+                if !may_create {
+                    topics.push(topic_error(Some(name), Uuid::nil(), ResponseError::UnknownTopicOrPartition.code()));
+                    continue;
+                }
+                if created >= AUTO_CREATE_TOPICS_PER_REQUEST {
+                    // As on a single node: clients retry on LEADER_NOT_AVAILABLE.
+                    topics.push(topic_error(Some(name), Uuid::nil(), ResponseError::LeaderNotAvailable.code()));
+                    continue;
+                }
+                created += 1;
+                let request = crate::controller::core::Request::CreateTopic {
+                    name: name_str.to_string(),
+                    partitions: config.num_partitions.max(1),
+                    replication_factor: config.default_replication_factor.max(1),
+                    configs: Default::default(),
+                };
+                let outcome = cluster.submit(request).await;
+                let image = cluster.image();
+                match (outcome, image.topic(name_str)) {
+                    (_, Some(t)) => topics.push(image_topic_metadata(&image, t)),
+                    (Ok(crate::controller::core::Reply::Error(e)), None) => {
+                        tracing::warn!(topic = name_str, error = %e, "auto-creation refused");
+                        let (code, _) = error::controller_reply_code(&e);
+                        topics.push(topic_error(Some(name), Uuid::nil(), code));
+                    }
+                    (outcome, None) => {
+                        tracing::warn!(topic = name_str, outcome = ?outcome, "auto-creation did not complete");
+                        topics.push(topic_error(Some(name), Uuid::nil(), ResponseError::LeaderNotAvailable.code()));
+                    }
+                }
+            }
+        }
+    }
+    let brokers = super::routing::live_brokers(state, &ctx.listener)
+        .into_iter()
+        .map(|(id, host, port, rack)| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(id))
+                .with_host(str_bytes(&host))
+                .with_port(port as i32)
+                .with_rack(rack.as_deref().map(str_bytes))
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(str_bytes(&state.cluster_id())))
+        .with_controller_id(BrokerId(cluster.quorum().leader.unwrap_or(-1)))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
+}
+
+fn image_topic_metadata(
+    image: &crate::metadata::image::ClusterImage,
+    t: &crate::metadata::image::TopicImage,
+) -> MetadataResponseTopic {
+    let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
+    let partitions = t
+        .partitions
+        .iter()
+        .map(|(index, p)| {
+            let offline: Vec<BrokerId> = p.replicas.iter().filter(|r| !live(r)).map(|r| BrokerId(*r)).collect();
+            let code = if p.leader < 0 { ResponseError::LeaderNotAvailable.code() } else { 0 };
+            MetadataResponsePartition::default()
+                .with_error_code(code)
+                .with_partition_index(*index)
+                .with_leader_id(BrokerId(p.leader))
+                .with_leader_epoch(p.leader_epoch)
+                .with_replica_nodes(p.replicas.iter().map(|r| BrokerId(*r)).collect())
+                .with_isr_nodes(p.isr.iter().map(|r| BrokerId(*r)).collect())
+                .with_offline_replicas(offline)
+        })
+        .collect();
+    MetadataResponseTopic::default()
+        .with_error_code(0)
+        .with_name(Some(TopicName(str_bytes(&t.name))))
+        .with_topic_id(t.id)
+        .with_is_internal(t.name.starts_with("__"))
         .with_partitions(partitions)
         .with_topic_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }

@@ -8,12 +8,14 @@ pub mod configs;
 pub mod error;
 pub mod fetch;
 pub mod fetch_session;
+pub mod forward;
 pub mod group;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
 pub mod response;
+pub mod routing;
 pub mod txn;
 pub mod versions;
 
@@ -101,6 +103,9 @@ pub async fn handle(
     let mut files = FileRecords::default();
     let response = match request {
         RequestKind::ApiVersions(r) => ResponseKind::ApiVersions(api_versions::handle(&ctx, r)),
+        RequestKind::Metadata(r) if state.cluster().is_some() => {
+            ResponseKind::Metadata(metadata::handle_cluster(&ctx, r).await)
+        }
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(&ctx, r)),
         RequestKind::Produce(r) => match produce::handle(&ctx, r) {
             produce::ProduceOutcome::Respond(resp) => ResponseKind::Produce(resp),
@@ -113,7 +118,13 @@ pub async fn handle(
             ResponseKind::Fetch(response)
         }
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(&ctx, r)),
+        RequestKind::CreateTopics(r) if state.cluster().is_some() => {
+            ResponseKind::CreateTopics(forward::create_topics(&ctx, r).await)
+        }
         RequestKind::CreateTopics(r) => ResponseKind::CreateTopics(admin::create_topics(&ctx, r)),
+        RequestKind::DeleteTopics(r) if state.cluster().is_some() => {
+            ResponseKind::DeleteTopics(forward::delete_topics(&ctx, r).await)
+        }
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(admin::delete_topics(&ctx, r)),
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),

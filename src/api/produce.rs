@@ -2,14 +2,17 @@
 //! record decoding), assign offsets, append the client's bytes.
 
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    LeaderIdAndEpoch, NodeEndpoint, PartitionProduceResponse, TopicProduceResponse,
+};
+use kafka_protocol::messages::{BrokerId, ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use strand_storage::batch;
 use strand_storage::AppendOrigin;
 use uuid::Uuid;
 
-use super::{error, RequestContext};
+use super::routing::{self, NotServed};
+use super::{error, str_bytes, RequestContext};
 use crate::replica::{PartitionError, Topic};
 use crate::util::now_ms;
 
@@ -26,18 +29,28 @@ struct PartitionResult {
     message: Option<String>,
     base_offset: i64,
     log_start_offset: i64,
+    /// KIP-951: the leader to try instead (id, epoch).
+    leader: Option<(i32, i32)>,
 }
 
 impl PartitionResult {
     fn error(index: i32, error_code: i16, message: Option<String>) -> Self {
-        PartitionResult { index, error_code, message, base_offset: -1, log_start_offset: -1 }
+        PartitionResult { index, error_code, message, base_offset: -1, log_start_offset: -1, leader: None }
+    }
+
+    fn not_served(index: i32, n: NotServed) -> Self {
+        PartitionResult { leader: n.leader, ..Self::error(index, n.code, None) }
     }
 }
+
+/// Produce v10+ carries the current leader of a NOT_LEADER_OR_FOLLOWER partition (KIP-951).
+const CURRENT_LEADER_VERSION: i16 = 10;
 
 pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
     let acks = req.acks;
     let mut responses = Vec::with_capacity(req.topic_data.len());
     let mut first_error: Option<String> = None;
+    let mut leaders_named = Vec::new();
     for topic_data in req.topic_data {
         // v13+ names topics by id (KIP-516), earlier versions by name.
         let topic: Option<std::sync::Arc<Topic>> = if ctx.version >= 13 {
@@ -48,6 +61,12 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
         let unknown_code =
             if ctx.version >= 13 { ResponseError::UnknownTopicId } else { ResponseError::UnknownTopicOrPartition }
                 .code();
+        // The name the cluster routes by (none for an id nobody knows).
+        let route_name: Option<String> = match &topic {
+            Some(t) => Some(t.name.clone()),
+            None if ctx.version >= 13 => routing::topic_name_for_id(&ctx.state, &topic_data.topic_id),
+            None => Some(topic_data.name.0.to_string()),
+        };
         let mut partition_results = Vec::with_capacity(topic_data.partition_data.len());
         for pd in topic_data.partition_data {
             let result = if !(-1..=1).contains(&acks) {
@@ -56,6 +75,8 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
                     ResponseError::InvalidRequiredAcks.code(),
                     Some(format!("acks={acks} is not 0, 1 or -1")),
                 )
+            } else if let Some(Err(n)) = route_name.as_deref().map(|name| routing::check(&ctx.state, name, pd.index)) {
+                PartitionResult::not_served(pd.index, n)
             } else {
                 match &topic {
                     None => PartitionResult::error(pd.index, unknown_code, None),
@@ -75,13 +96,20 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
         let partition_responses = partition_results
             .into_iter()
             .map(|r| {
-                PartitionProduceResponse::default()
+                let mut response = PartitionProduceResponse::default()
                     .with_index(r.index)
                     .with_error_code(r.error_code)
                     .with_base_offset(r.base_offset)
                     .with_log_append_time_ms(-1)
                     .with_log_start_offset(r.log_start_offset)
-                    .with_error_message(r.message.map(StrBytes::from_string))
+                    .with_error_message(r.message.map(StrBytes::from_string));
+                if let Some((leader, epoch)) = r.leader.filter(|_| ctx.version >= CURRENT_LEADER_VERSION) {
+                    leaders_named.push(leader);
+                    response = response.with_current_leader(
+                        LeaderIdAndEpoch::default().with_leader_id(BrokerId(leader)).with_leader_epoch(epoch),
+                    );
+                }
+                response
             })
             .collect();
         let mut resp = TopicProduceResponse::default().with_partition_responses(partition_responses);
@@ -98,7 +126,17 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
             None => ProduceOutcome::NoResponse,
         };
     }
-    ProduceOutcome::Respond(ProduceResponse::default().with_responses(responses))
+    let node_endpoints = routing::endpoints(&ctx.state, &ctx.listener, &leaders_named)
+        .into_iter()
+        .map(|(id, host, port, rack)| {
+            NodeEndpoint::default()
+                .with_node_id(BrokerId(id))
+                .with_host(str_bytes(&host))
+                .with_port(port as i32)
+                .with_rack(rack.as_deref().map(str_bytes))
+        })
+        .collect();
+    ProduceOutcome::Respond(ProduceResponse::default().with_responses(responses).with_node_endpoints(node_endpoints))
 }
 
 fn produce_partition(
@@ -201,6 +239,7 @@ fn produce_partition(
             message: None,
             base_offset: info.base_offset,
             log_start_offset: info.log_start_offset,
+            leader: None,
         },
         Err(e) => {
             if let PartitionError::Storage(s) = &e {

@@ -27,14 +27,22 @@ pub async fn init_producer_id(ctx: &RequestContext, req: InitProducerIdRequest) 
     }
     // Without a transactional id every call, including a KIP-360 epoch bump
     // request carrying an old id, gets a fresh producer id at epoch 0, as in Kafka.
-    match ctx.state.replicas.allocate_producer_id() {
+    let allocated = match ctx.state.cluster() {
+        // Ids come in blocks from the controller: unique across the cluster.
+        Some(cluster) => cluster.allocate_producer_id().await.map_err(|e| match e {
+            crate::cluster::ProducerIdError::Controller(e) => error::controller_code(&e),
+            crate::cluster::ProducerIdError::Refused(e) => error::controller_reply_code(&e),
+        }),
+        None => ctx.state.replicas.allocate_producer_id().map_err(|e| (error::topic_code(&e), e.to_string())),
+    };
+    match allocated {
         Ok(id) => {
             InitProducerIdResponse::default().with_error_code(0).with_producer_id(ProducerId(id)).with_producer_epoch(0)
         }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot allocate a producer id");
+        Err((code, message)) => {
+            tracing::error!(error = %message, "cannot allocate a producer id");
             InitProducerIdResponse::default()
-                .with_error_code(error::topic_code(&e))
+                .with_error_code(code)
                 .with_producer_id(ProducerId(-1))
                 .with_producer_epoch(-1)
         }
@@ -53,6 +61,9 @@ pub fn describe_producers(ctx: &RequestContext, req: DescribeProducersRequest) -
                 .into_iter()
                 .map(|index| {
                     let base = PartitionResponse::default().with_partition_index(index);
+                    if let Err(n) = super::routing::check(&ctx.state, t.name.0.as_str(), index) {
+                        return base.with_error_code(n.code);
+                    }
                     let partition = topic.as_ref().and_then(|t| t.partition(index));
                     let Some(partition) = partition else {
                         return base.with_error_code(ResponseError::UnknownTopicOrPartition.code());

@@ -16,24 +16,25 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::metadata::image::{Applied, ClusterImage, NO_LEADER};
 use crate::metadata::placement::{self, Candidate, PlacementError};
-use crate::metadata::records::{Endpoint, MetadataRecord, RecordBatch};
+use crate::metadata::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
 
 /// A broker's or client's request to the controller.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     Register { broker_id: i32, incarnation_id: Uuid, endpoints: Vec<Endpoint>, rack: Option<String> },
     Heartbeat { broker_id: i32, epoch: i64, applied_offset: u64, want_shutdown: bool },
-    CreateTopic { name: String, partitions: i32, replication_factor: i16 },
+    CreateTopic { name: String, partitions: i32, replication_factor: i16, configs: BTreeMap<String, String> },
     DeleteTopic { name: String },
     AllocateProducerIds { broker_id: i32 },
 }
 
 /// A reply, sent once the request's records are committed and applied.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Registered { epoch: i64 },
     Heartbeat { fenced: bool, shutdown_done: bool },
@@ -44,7 +45,7 @@ pub enum Reply {
 }
 
 /// Why a request failed; mapped to a Kafka error code at the API edge.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum ControllerError {
     #[error("broker {0} is not registered with that epoch")]
     StaleBrokerEpoch(i32),
@@ -174,7 +175,7 @@ impl ControllerCore {
                 }
                 self.propose(id, request, records)
             }
-            Request::CreateTopic { name, partitions, replication_factor } => {
+            Request::CreateTopic { name, partitions, replication_factor, configs } => {
                 if self.image.topic(name).is_some() {
                     return Self::reply(id, Reply::Error(ControllerError::TopicExists(name.clone())));
                 }
@@ -198,6 +199,13 @@ impl ControllerCore {
                         isr: replicas.clone(),
                         replicas,
                         leader_epoch: 0,
+                    });
+                }
+                for (key, value) in configs {
+                    records.push(MetadataRecord::Config {
+                        resource: ConfigResource::Topic(name.clone()),
+                        name: key.clone(),
+                        value: Some(value.clone()),
                     });
                 }
                 self.propose(id, request, records)
@@ -388,7 +396,10 @@ mod tests {
         for b in 1..=3 {
             h.register(b, 0);
         }
-        let r = h.call(Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1 }, 0);
+        let r = h.call(
+            Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1, configs: BTreeMap::new() },
+            0,
+        );
         assert!(matches!(r, Reply::TopicCreated { .. }), "{r:?}");
         let t = h.core.image().topic("t").unwrap();
         let mut per_broker = BTreeMap::new();
@@ -396,9 +407,15 @@ mod tests {
             *per_broker.entry(p.leader).or_insert(0) += 1;
         }
         assert_eq!(per_broker.values().copied().collect::<Vec<_>>(), vec![2, 2, 2]);
-        let again = h.call(Request::CreateTopic { name: "t".into(), partitions: 1, replication_factor: 1 }, 0);
+        let again = h.call(
+            Request::CreateTopic { name: "t".into(), partitions: 1, replication_factor: 1, configs: BTreeMap::new() },
+            0,
+        );
         assert_eq!(again, Reply::Error(ControllerError::TopicExists("t".into())));
-        let too_many = h.call(Request::CreateTopic { name: "u".into(), partitions: 1, replication_factor: 4 }, 0);
+        let too_many = h.call(
+            Request::CreateTopic { name: "u".into(), partitions: 1, replication_factor: 4, configs: BTreeMap::new() },
+            0,
+        );
         assert!(matches!(too_many, Reply::Error(ControllerError::Placement(_))), "{too_many:?}");
     }
 
@@ -407,7 +424,10 @@ mod tests {
         let mut h = Harness::new();
         let e1 = h.register(1, 0);
         let e2 = h.register(2, 0);
-        h.call(Request::CreateTopic { name: "t".into(), partitions: 4, replication_factor: 1 }, 0);
+        h.call(
+            Request::CreateTopic { name: "t".into(), partitions: 4, replication_factor: 1, configs: BTreeMap::new() },
+            0,
+        );
         // Broker 2 keeps heartbeating; broker 1 goes silent.
         for now in (1000..=10_000).step_by(1000) {
             let hb = Request::Heartbeat { broker_id: 2, epoch: e2, applied_offset: h.offset, want_shutdown: false };
@@ -432,7 +452,10 @@ mod tests {
     fn controlled_shutdown_moves_leadership_before_saying_done() {
         let mut h = Harness::new();
         let e1 = h.register(1, 0);
-        h.call(Request::CreateTopic { name: "t".into(), partitions: 2, replication_factor: 1 }, 0);
+        h.call(
+            Request::CreateTopic { name: "t".into(), partitions: 2, replication_factor: 1, configs: BTreeMap::new() },
+            0,
+        );
         let hb = Request::Heartbeat { broker_id: 1, epoch: e1, applied_offset: h.offset, want_shutdown: true };
         assert_eq!(h.call(hb, 100), Reply::Heartbeat { fenced: false, shutdown_done: true });
         assert!(h.core.image().brokers[&1].in_controlled_shutdown);

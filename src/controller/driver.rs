@@ -10,7 +10,10 @@
 //! block only that thread, never a tokio worker.
 //!
 //! A request reaching a node that is not the active controller gets
-//! [`DriverError::NotController`] naming the leader it knows. A proposal
+//! [`DriverError::NotController`] naming the leader it knows;
+//! [`Controller::submit`] follows that hint, forwarding the request over
+//! the CONTROLLER listener (a [`Purpose::Requests`] connection) to the
+//! leader, and answers once this node has applied the reply's offset too. A proposal
 //! raft drops is retried on every tick until it is appended or its
 //! deadline passes; one appended but lost to a leader change is answered
 //! with `NotController`, and the caller retries (records are idempotent).
@@ -30,7 +33,7 @@ use super::core::{ControllerCore, CoreSettings, Effect, Input as CoreInput, Repl
 use super::disk::DiskStore;
 use super::node::{is_app_data, LeaderChange, ProposeError, QuorumConfig, QuorumNode};
 use super::store::StoreError;
-use super::transport::{self, Hello};
+use super::transport::{self, Hello, Purpose};
 use crate::config::Voter;
 use crate::metadata::image::ClusterImage;
 use crate::metadata::records::{MetadataRecord, RecordBatch};
@@ -65,10 +68,12 @@ impl DriverSettings {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum DriverError {
     #[error("not the active controller (it is {leader:?})")]
     NotController { leader: Option<i32> },
+    #[error("no active controller could be reached: {0}")]
+    Unreachable(String),
     #[error("the proposal was not accepted before its deadline")]
     Timeout,
     #[error("the controller has stopped")]
@@ -97,17 +102,26 @@ enum Input {
     Tick,
     Raft(Box<Message>),
     Unreachable(u64),
-    Request(Request, oneshot::Sender<Result<Reply, DriverError>>),
+    Request(Request, oneshot::Sender<Answer>),
     Stop,
 }
+
+/// A reply and the metadata offset it was answered at (the offset of the
+/// request's committed batch, or later).
+type Answer = Result<(Reply, u64), DriverError>;
 
 /// A running controller.
 pub struct Controller {
     inputs: mpsc::UnboundedSender<Input>,
     image: watch::Receiver<Arc<ClusterImage>>,
     view: watch::Receiver<QuorumView>,
-    thread: Option<std::thread::JoinHandle<()>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
+    thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
+    tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    node_id: i32,
+    voters: Vec<Voter>,
+    voters_text: String,
+    /// The open connection for forwarded requests, and whom it reaches.
+    forward: tokio::sync::Mutex<Option<(i32, TcpStream)>>,
 }
 
 impl Controller {
@@ -134,6 +148,7 @@ impl Controller {
         let (image_tx, image_rx) = watch::channel(Arc::new(image.clone()));
         let (view_tx, view_rx) = watch::channel(QuorumView { leader: None, term: 0, is_leader: false });
         let voters_text = transport::canonical_voters(&settings.voters);
+        let (node_id, voters, voters_copy) = (settings.node_id, settings.voters.clone(), voters_text.clone());
 
         let mut tasks = Vec::new();
         let mut peers = HashMap::new();
@@ -182,15 +197,118 @@ impl Controller {
             .name("strand-controller".into())
             .spawn(move || run.run(rx))
             .expect("controller thread starts");
-        Ok(Controller { inputs, image: image_rx, view: view_rx, thread: Some(thread), tasks })
+        Ok(Controller {
+            inputs,
+            image: image_rx,
+            view: view_rx,
+            thread: std::sync::Mutex::new(Some(thread)),
+            tasks: std::sync::Mutex::new(tasks),
+            node_id,
+            voters,
+            voters_text: voters_copy,
+            forward: tokio::sync::Mutex::new(None),
+        })
     }
 
-    /// Asks the controller; answered once the request's records are committed
-    /// and applied here (or at once if nothing needed changing).
+    /// Asks this node's controller; answered once the request's records are
+    /// committed and applied here (or at once if nothing needed changing).
     pub async fn request(&self, request: Request) -> Result<Reply, DriverError> {
+        self.request_here(request).await.map(|(reply, _)| reply)
+    }
+
+    async fn request_here(&self, request: Request) -> Answer {
         let (tx, rx) = oneshot::channel();
         self.inputs.send(Input::Request(request, tx)).map_err(|_| DriverError::Stopped)?;
         rx.await.unwrap_or(Err(DriverError::Stopped))
+    }
+
+    /// Asks the active controller, wherever it is: here, or forwarded to the
+    /// leader over the CONTROLLER listener. Retries while there is no leader
+    /// or it moves, until `timeout`; answers once this node's image has
+    /// applied the reply's offset, so a Metadata request that follows sees
+    /// the change. Safe to retry: every record applies idempotently.
+    pub async fn submit(&self, request: Request, timeout: Duration) -> Result<Reply, DriverError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let leader = self.view.borrow().leader;
+            let answer = match leader {
+                Some(l) if l == self.node_id => self.request_here(request.clone()).await,
+                Some(l) => self.forward(l, &request).await,
+                None => Err(DriverError::NotController { leader: None }),
+            };
+            match answer {
+                Ok((reply, offset)) => {
+                    let mut image = self.image.clone();
+                    let applied = tokio::time::timeout_at(deadline, image.wait_for(|i| i.offset >= offset)).await;
+                    return match applied {
+                        Ok(Ok(_)) => Ok(reply),
+                        Ok(Err(_)) => Err(DriverError::Stopped),
+                        Err(_) => Err(DriverError::Timeout),
+                    };
+                }
+                Err(DriverError::Stopped) => return Err(DriverError::Stopped),
+                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                Err(_) => {}
+            }
+            // Wait for a (new) leader to be known, or a short while.
+            let mut view = self.view.clone();
+            let _ = tokio::time::timeout(Duration::from_millis(100), view.changed()).await;
+        }
+    }
+
+    /// One request to the controller on `leader`, over the cached connection
+    /// (reopened if it went to someone else or broke).
+    async fn forward(&self, leader: i32, request: &Request) -> Answer {
+        let Some(voter) = self.voters.iter().find(|v| v.id == leader) else {
+            return Err(DriverError::Unreachable(format!("leader {leader} is not in controller.quorum.voters")));
+        };
+        let mut cached = self.forward.lock().await;
+        let body = serde_json::to_vec(request).expect("requests serialise");
+        for attempt in 0..2 {
+            if cached.as_ref().is_none_or(|(id, _)| *id != leader) {
+                *cached = None;
+                let addr = format!("{}:{}", voter.host, voter.port);
+                let connect = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(&addr)).await;
+                let mut stream = match connect {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: {e}"))),
+                    Err(_) => {
+                        return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: timed out")))
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let hello = Hello {
+                    node_id: self.node_id,
+                    voters: self.voters_text.clone(),
+                    cluster_id: self.image.borrow().cluster_id.clone(),
+                    purpose: Purpose::Requests,
+                };
+                if let Err(e) = transport::connect_handshake(&mut stream, &hello).await {
+                    return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: {e}")));
+                }
+                *cached = Some((leader, stream));
+            }
+            let (_, stream) = cached.as_mut().expect("connected above");
+            let exchanged = async {
+                transport::write_frame(stream, &body).await?;
+                transport::read_frame(stream).await
+            };
+            match exchanged.await {
+                Ok(frame) => {
+                    return serde_json::from_slice::<Answer>(&frame).unwrap_or_else(|e| {
+                        Err(DriverError::Unreachable(format!("controller {leader} answered: {e}")))
+                    });
+                }
+                // A cached connection may have been closed by the peer: one fresh try.
+                Err(e) => {
+                    *cached = None;
+                    if attempt == 1 {
+                        return Err(DriverError::Unreachable(format!("controller {leader}: {e}")));
+                    }
+                }
+            }
+        }
+        unreachable!("the loop returns on its second attempt")
     }
 
     /// The image as of the last entry applied here.
@@ -203,23 +321,29 @@ impl Controller {
     }
 
     /// Stops the node; everything acknowledged is already durable.
-    pub async fn stop(mut self) {
+    pub async fn stop(&self) {
         let _ = self.inputs.send(Input::Stop);
-        for t in self.tasks.drain(..) {
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        for t in tasks {
             t.abort();
             // Awaited so the listener is closed when `stop` returns.
             let _ = t.await;
         }
-        if let Some(thread) = self.thread.take() {
+        let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         }
+    }
+
+    pub fn node_id(&self) -> i32 {
+        self.node_id
     }
 }
 
 impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.inputs.send(Input::Stop);
-        for t in &self.tasks {
+        for t in self.tasks.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
             t.abort();
         }
     }
@@ -231,7 +355,12 @@ fn hello_source(
     voters: String,
     image: watch::Receiver<Arc<ClusterImage>>,
 ) -> impl Fn() -> Hello + Send + Clone + 'static {
-    move || Hello { node_id, voters: voters.clone(), cluster_id: image.borrow().cluster_id.clone() }
+    move || Hello {
+        node_id,
+        voters: voters.clone(),
+        cluster_id: image.borrow().cluster_id.clone(),
+        purpose: Purpose::Raft,
+    }
 }
 
 struct Run {
@@ -242,7 +371,7 @@ struct Run {
     image_tx: watch::Sender<Arc<ClusterImage>>,
     view_tx: watch::Sender<QuorumView>,
     /// Requests proposed (or answered by core effects later), by core request id.
-    waiting: HashMap<RequestId, oneshot::Sender<Result<Reply, DriverError>>>,
+    waiting: HashMap<RequestId, oneshot::Sender<Answer>>,
     /// Batches raft dropped, retried each tick until their deadline.
     retry: Vec<(RecordBatch, Instant, Option<RequestId>)>,
     next_request: RequestId,
@@ -285,7 +414,7 @@ impl Run {
         }
     }
 
-    fn request(&mut self, request: Request, reply: oneshot::Sender<Result<Reply, DriverError>>) {
+    fn request(&mut self, request: Request, reply: oneshot::Sender<Answer>) {
         if !self.node.is_leader() {
             let leader = self.node.leader_id().map(|l| l as i32);
             let _ = reply.send(Err(DriverError::NotController { leader }));
@@ -303,7 +432,7 @@ impl Run {
             match effect {
                 Effect::Reply { id, reply } => {
                     if let Some(w) = self.waiting.remove(&id) {
-                        let _ = w.send(Ok(reply));
+                        let _ = w.send(Ok((reply, self.core.image().offset)));
                     }
                 }
                 Effect::Propose(batch) => {
@@ -499,6 +628,10 @@ async fn accept_peers(
                     return;
                 }
             };
+            if peer.purpose == Purpose::Requests {
+                serve_requests(stream, peer.node_id, inputs).await;
+                return;
+            }
             while let Ok(frame) = transport::read_frame(&mut stream).await {
                 match Message::parse_from_bytes(&frame) {
                     // Only messages from the peer that said hello.
@@ -514,5 +647,30 @@ async fn accept_peers(
                 }
             }
         });
+    }
+}
+
+/// Answers a broker's requests (registration, heartbeats, forwarded admin
+/// requests), one at a time in order, as this node's controller answers
+/// them; a node that is not the leader says so and the broker re-routes.
+async fn serve_requests(mut stream: TcpStream, from: i32, inputs: mpsc::UnboundedSender<Input>) {
+    while let Ok(frame) = transport::read_frame(&mut stream).await {
+        let answer: Answer = match serde_json::from_slice::<Request>(&frame) {
+            Ok(request) => {
+                let (tx, rx) = oneshot::channel();
+                if inputs.send(Input::Request(request, tx)).is_err() {
+                    return;
+                }
+                rx.await.unwrap_or(Err(DriverError::Stopped))
+            }
+            Err(e) => {
+                tracing::warn!(peer = from, error = %e, "malformed controller request; closing");
+                return;
+            }
+        };
+        let body = serde_json::to_vec(&answer).expect("answers serialise");
+        if transport::write_frame(&mut stream, &body).await.is_err() {
+            return;
+        }
     }
 }

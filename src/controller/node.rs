@@ -521,9 +521,7 @@ mod tests {
             let term = self.term(index).map_err(raft_err)?;
             let drop = (index - self.snap_index()) as usize;
             self.entries.drain(..drop);
-            let mut meta = SnapshotMetadata::default();
-            meta.index = index;
-            meta.term = term;
+            let mut meta = SnapshotMetadata { index, term, ..Default::default() };
             meta.set_conf_state(self.cs.clone());
             self.snap = Snapshot::default();
             self.snap.set_metadata(meta);

@@ -3,7 +3,9 @@
 //!
 //! Frame: a 4-byte big-endian length, then that many bytes (at most
 //! [`MAX_FRAME`]). The first frame each way is a [`Hello`] (JSON); after it,
-//! frames carry raft messages (protobuf, as raft-rs encodes them).
+//! frames carry raft messages (protobuf, as raft-rs encodes them) on a
+//! [`Purpose::Raft`] connection, or controller requests and their replies
+//! (JSON, one reply per request, in order) on a [`Purpose::Requests`] one.
 //!
 //! A peer is refused, with the reason sent back and logged on both sides,
 //! when its node id is not one of our voters, when its voters list differs
@@ -24,6 +26,19 @@ pub struct Hello {
     /// `controller.quorum.voters` in canonical form ([`canonical_voters`]).
     pub voters: String,
     pub cluster_id: Option<String>,
+    /// What the connection carries after the handshake.
+    #[serde(default)]
+    pub purpose: Purpose,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Purpose {
+    /// Raft messages from a peer's sender to our raft node.
+    #[default]
+    Raft,
+    /// A broker's requests for the active controller (registration,
+    /// heartbeats, forwarded admin requests), answered in order.
+    Requests,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,7 +165,7 @@ mod tests {
     }
 
     fn hello(node_id: i32, v: &[Voter], cluster: Option<&str>) -> Hello {
-        Hello { node_id, voters: canonical_voters(v), cluster_id: cluster.map(String::from) }
+        Hello { node_id, voters: canonical_voters(v), cluster_id: cluster.map(String::from), purpose: Purpose::Raft }
     }
 
     async fn shake(ours: Hello, v: Vec<Voter>, theirs: Hello) -> (Result<HelloReply, String>, Result<Hello, String>) {

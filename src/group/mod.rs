@@ -229,18 +229,33 @@ impl GroupCoordinator {
         Ok(GroupCoordinator { shards })
     }
 
-    fn shard(&self, group_id: &str) -> &ShardHandle<Command> {
+    /// A coordinator with no shards: every request gets
+    /// COORDINATOR_NOT_AVAILABLE. What a multi-node cluster runs until the
+    /// coordinators are placed across its brokers.
+    pub fn unavailable() -> GroupCoordinator {
+        GroupCoordinator { shards: Vec::new() }
+    }
+
+    fn shard(&self, group_id: &str) -> Option<&ShardHandle<Command>> {
+        if self.shards.is_empty() {
+            return None;
+        }
         let p = records::partition_for(group_id, self.shards.len() as i32);
-        &self.shards[p as usize]
+        self.shards.get(p as usize)
     }
 
     /// COORDINATOR_LOAD_IN_PROGRESS while the group's shard is still loading.
     pub fn check_loaded(&self, group_id: &str) -> Result<(), i16> {
-        if self.shard(group_id).is_loaded() {
-            Ok(())
-        } else {
-            Err(ResponseError::CoordinatorLoadInProgress.code())
+        match self.shard(group_id) {
+            None => Err(not_available()),
+            Some(s) if s.is_loaded() => Ok(()),
+            Some(_) => Err(ResponseError::CoordinatorLoadInProgress.code()),
         }
+    }
+
+    /// Whether this broker coordinates any groups at all.
+    pub fn is_available(&self) -> bool {
+        !self.shards.is_empty()
     }
 
     pub fn all_loaded(&self) -> bool {
@@ -249,7 +264,7 @@ impl GroupCoordinator {
 
     async fn ask<T>(&self, group_id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        self.shard(group_id).tx.send(make(tx)).await.ok()?;
+        self.shard(group_id)?.tx.send(make(tx)).await.ok()?;
         rx.await.ok()
     }
 
@@ -317,7 +332,7 @@ impl GroupCoordinator {
 
     /// The `__consumer_offsets` partition a group's offsets live in.
     pub fn partition_for(&self, group_id: &str) -> i32 {
-        records::partition_for(group_id, self.shards.len() as i32)
+        records::partition_for(group_id, self.shards.len().max(1) as i32)
     }
 
     /// Writes offsets as part of producer `producer_id`'s transaction; one error per offset.

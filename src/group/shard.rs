@@ -862,10 +862,8 @@ impl Shard {
                 errors[i] = code(ResponseError::OffsetMetadataTooLarge);
                 continue;
             }
-            let known = topics
-                .by_name
-                .get(&o.topic)
-                .is_some_and(|t| o.partition >= 0 && (o.partition as usize) < t.partitions.len());
+            let known =
+                topics.by_name.get(&o.topic).is_some_and(|t| o.partition >= 0 && o.partition < t.partition_count);
             if !known {
                 errors[i] = code(ResponseError::UnknownTopicOrPartition);
                 continue;

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum PlacementError {
     #[error("replication factor {factor} is larger than the {brokers} available brokers")]
     ReplicationFactorTooLarge { factor: i16, brokers: usize },

@@ -25,6 +25,10 @@ pub struct TopicRecord {
     pub configs: BTreeMap<String, String>,
     #[serde(default)]
     pub internal: bool,
+    /// In a cluster, the partitions this broker hosts (the controller placed
+    /// the others elsewhere); `None` on a single node: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted: Option<Vec<i32>>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -135,7 +139,7 @@ mod tests {
         assert_eq!(id.len(), 22);
         s.image.topics.insert(
             "t".into(),
-            TopicRecord { id: Uuid::new_v4(), partitions: 3, configs: BTreeMap::new(), internal: false },
+            TopicRecord { id: Uuid::new_v4(), partitions: 3, configs: BTreeMap::new(), internal: false, hosted: None },
         );
         s.save().unwrap();
         let again = MetadataStore::open(dir.path(), 1).unwrap();

@@ -28,13 +28,22 @@ pub struct Topic {
     pub id: Uuid,
     pub internal: bool,
     pub configs: BTreeMap<String, String>,
+    /// The partitions hosted here, sorted by index: all of them on a single
+    /// node, those the controller placed on this broker in a cluster.
     pub partitions: Vec<Arc<Partition>>,
+    /// How many partitions the topic has (hosted here or not).
+    pub partition_count: i32,
 }
 
 impl Topic {
-    /// Partition `index`, if the topic has it (negative and out-of-range indexes have none).
+    /// Partition `index`, if it is hosted here (negative and out-of-range indexes never are).
     pub fn partition(&self, index: i32) -> Option<&Arc<Partition>> {
-        usize::try_from(index).ok().and_then(|i| self.partitions.get(i))
+        let i = usize::try_from(index).ok()?;
+        match self.partitions.get(i) {
+            // A single node hosts every partition: the index is the position.
+            Some(p) if p.index == index => Some(p),
+            _ => self.partitions.binary_search_by_key(&index, |p| p.index).ok().map(|i| &self.partitions[i]),
+        }
     }
 }
 
@@ -281,12 +290,17 @@ impl ReplicaManager {
         first: i32,
     ) -> Result<Topic, TopicError> {
         let effective = topic_config::effective(config, dynamic, &record.configs);
+        let partitions = match &record.hosted {
+            None => Self::open_partitions(config, &effective, name, first, record.partitions)?,
+            Some(hosted) => Self::open_hosted(config, &effective, name, hosted)?,
+        };
         Ok(Topic {
             name: name.to_string(),
             id: record.id,
             internal: record.internal,
             configs: record.configs.clone(),
-            partitions: Self::open_partitions(config, &effective, name, first, record.partitions)?,
+            partitions,
+            partition_count: record.partitions,
         })
     }
 
@@ -298,10 +312,10 @@ impl ReplicaManager {
             if !entry.path().is_dir() {
                 continue;
             }
-            let hosted =
-                name.rsplit_once('-').and_then(|(t, p)| p.parse::<i32>().ok().map(|p| (t, p))).is_some_and(|(t, p)| {
-                    map.by_name.get(t).is_some_and(|topic| p >= 0 && (p as usize) < topic.partitions.len())
-                });
+            let hosted = name
+                .rsplit_once('-')
+                .and_then(|(t, p)| p.parse::<i32>().ok().map(|p| (t, p)))
+                .is_some_and(|(t, p)| map.by_name.get(t).is_some_and(|topic| topic.partition(p).is_some()));
             if name.ends_with(".deleting") {
                 if let Err(e) = std::fs::remove_dir_all(entry.path()) {
                     tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove deleted partition directory");
@@ -310,6 +324,12 @@ impl ReplicaManager {
                 tracing::warn!(dir = %entry.path().display(), "directory in log.dirs is not a partition of any known topic; left alone");
             }
         }
+    }
+
+    /// Topics created by a single-node broker (not placed by a cluster's controller).
+    pub fn single_node_topics(&self) -> Vec<String> {
+        let store = self.lock_store();
+        store.image.topics.iter().filter(|(_, r)| r.hosted.is_none()).map(|(n, _)| n.clone()).collect()
     }
 
     pub fn topics(&self) -> Arc<TopicMap> {
@@ -401,7 +421,8 @@ impl ReplicaManager {
             return Err(TopicError::TooManyPartitions(PARTITIONS_MAX));
         }
         Self::check_fd_room(partitions as usize)?;
-        let record = TopicRecord { id: Uuid::new_v4(), partitions, configs, internal: name.starts_with("__") };
+        let record =
+            TopicRecord { id: Uuid::new_v4(), partitions, configs, internal: name.starts_with("__"), hosted: None };
         if validate_only {
             return Ok(Arc::new(Topic {
                 name: name.into(),
@@ -409,6 +430,7 @@ impl ReplicaManager {
                 internal: record.internal,
                 configs: record.configs,
                 partitions: Vec::new(),
+                partition_count: partitions,
             }));
         }
         let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &record.configs);
@@ -419,6 +441,7 @@ impl ReplicaManager {
             internal: record.internal,
             configs: record.configs.clone(),
             partitions: opened,
+            partition_count: partitions,
         });
         store.image.topics.insert(name.to_string(), record);
         if let Err(e) = store.save() {
@@ -437,6 +460,113 @@ impl ReplicaManager {
         if !self.config.delete_topic_enable {
             return Err(TopicError::DeletionDisabled);
         }
+        self.remove_topic(name)
+    }
+
+    /// Makes this broker host exactly `hosted` of topic `name` (id `id`,
+    /// `count` partitions) with these config overrides, as the cluster's
+    /// metadata image says: opens (creating) the partitions newly placed
+    /// here, removes those placed elsewhere, and replaces a local topic of
+    /// the same name but another id (a deleted and recreated topic never
+    /// sees the old data). A no-op when nothing differs.
+    pub fn host_topic(
+        &self,
+        name: &str,
+        id: Uuid,
+        count: i32,
+        hosted: &[i32],
+        configs: &BTreeMap<String, String>,
+    ) -> Result<(), TopicError> {
+        let current = self.topic(name);
+        if let Some(t) = current.as_ref().filter(|t| t.id != id) {
+            tracing::info!(topic = name, old_id = %t.id, new_id = %id, "topic recreated in the cluster; removing the old one");
+            self.remove_topic(name)?;
+            return self.host_topic(name, id, count, hosted, configs);
+        }
+        let mut wanted: Vec<i32> = hosted.to_vec();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let have: Vec<i32> =
+            current.as_ref().map(|t| t.partitions.iter().map(|p| p.index).collect()).unwrap_or_default();
+        let same_configs = current.as_ref().is_some_and(|t| &t.configs == configs);
+        if have == wanted && same_configs && current.as_ref().is_some_and(|t| t.partition_count == count) {
+            return Ok(());
+        }
+        let mut store = self.lock_store();
+        let record = TopicRecord {
+            id,
+            partitions: count,
+            configs: configs.clone(),
+            internal: name.starts_with("__"),
+            hosted: Some(wanted.clone()),
+        };
+        let effective = topic_config::effective(&self.config, &self.dynamic_configs(), configs);
+        let new: Vec<i32> = wanted.iter().copied().filter(|p| !have.contains(p)).collect();
+        Self::check_fd_room(new.len())?;
+        let opened = Self::open_hosted(&self.config, &effective, name, &new)?;
+        let previous = store.image.topics.insert(name.to_string(), record);
+        if let Err(e) = store.save() {
+            match previous {
+                Some(r) => store.image.topics.insert(name.to_string(), r),
+                None => store.image.topics.remove(name),
+            };
+            return Err(e.into());
+        }
+        let mut partitions: Vec<Arc<Partition>> = Vec::with_capacity(wanted.len());
+        let mut dropped = Vec::new();
+        for p in current.iter().flat_map(|t| t.partitions.iter()) {
+            if wanted.contains(&p.index) {
+                partitions.push(p.clone());
+            } else {
+                dropped.push(p.clone());
+            }
+        }
+        partitions.extend(opened);
+        partitions.sort_by_key(|p| p.index);
+        let topic = Arc::new(Topic {
+            name: name.to_string(),
+            id,
+            internal: name.starts_with("__"),
+            configs: configs.clone(),
+            partitions,
+            partition_count: count,
+        });
+        if !same_configs {
+            self.apply_configs(&topic)?;
+        }
+        self.publish(|m| m.insert(topic));
+        drop(store);
+        for p in dropped {
+            if let Err(e) = p.delete() {
+                tracing::warn!(topic = name, partition = p.index, error = %e, "cannot remove partition directory");
+            }
+        }
+        tracing::info!(topic = name, %id, partitions = count, hosted = ?wanted, "hosting partitions");
+        Ok(())
+    }
+
+    /// Opens (creating where new) the listed partitions of a topic, sorted by index.
+    fn open_hosted(
+        config: &BrokerConfig,
+        effective: &EffectiveTopicConfig,
+        name: &str,
+        hosted: &[i32],
+    ) -> Result<Vec<Arc<Partition>>, TopicError> {
+        let mut sorted = hosted.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        sorted
+            .into_iter()
+            .map(|p| {
+                let log = Log::open(Self::partition_dir(config, name, p), effective.log.clone(), now_ms())?;
+                Ok(Arc::new(Partition::new(name, p, log, effective.min_insync_replicas)))
+            })
+            .collect()
+    }
+
+    /// Removes a topic and its local logs (a deletion, or a topic the
+    /// cluster no longer places here).
+    pub fn remove_topic(&self, name: &str) -> Result<Uuid, TopicError> {
         let mut store = self.lock_store();
         let record = store.image.topics.remove(name).ok_or_else(|| TopicError::Unknown(name.to_string()))?;
         store.save()?;
@@ -492,6 +622,7 @@ impl ReplicaManager {
             internal: current.internal,
             configs: current.configs.clone(),
             partitions,
+            partition_count: count,
         });
         self.publish(|m| m.insert(topic));
         tracing::info!(topic = name, partitions = count, "partitions added");
@@ -516,6 +647,7 @@ impl ReplicaManager {
             internal: current.internal,
             configs,
             partitions: current.partitions.clone(),
+            partition_count: current.partition_count,
         });
         self.apply_configs(&topic)?;
         self.publish(|m| m.insert(topic));

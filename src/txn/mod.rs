@@ -195,9 +195,24 @@ impl TxnCoordinator {
         Ok(TxnCoordinator { shards, open, settings })
     }
 
-    fn shard(&self, transactional_id: &str) -> &ShardHandle<Command> {
+    /// A coordinator with no shards: every request gets
+    /// COORDINATOR_NOT_AVAILABLE. What a multi-node cluster runs until the
+    /// coordinators are placed across its brokers.
+    pub fn unavailable(settings: TxnSettings) -> TxnCoordinator {
+        TxnCoordinator { shards: Vec::new(), open: Arc::new(OpenTransactions::default()), settings }
+    }
+
+    /// Whether this broker coordinates any transactions at all.
+    pub fn is_available(&self) -> bool {
+        !self.shards.is_empty()
+    }
+
+    fn shard(&self, transactional_id: &str) -> Option<&ShardHandle<Command>> {
+        if self.shards.is_empty() {
+            return None;
+        }
         let p = crate::group::records::partition_for(transactional_id, self.shards.len() as i32);
-        &self.shards[p as usize]
+        self.shards.get(p as usize)
     }
 
     pub fn all_loaded(&self) -> bool {
@@ -205,7 +220,7 @@ impl TxnCoordinator {
     }
 
     async fn ask<T>(&self, id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, i16> {
-        let shard = self.shard(id);
+        let shard = self.shard(id).ok_or_else(not_available)?;
         if !shard.is_loaded() {
             return Err(ResponseError::CoordinatorLoadInProgress.code());
         }

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod child;
+pub mod cluster;
 
 use std::future::Future;
 use std::net::{SocketAddr, TcpListener as StdTcpListener, TcpStream as StdTcpStream};

@@ -1,0 +1,162 @@
+//! A broker that is one node of a multi-node cluster: its controller (a
+//! voter of the metadata quorum, in combined mode), the metadata image it
+//! serves from, its registration with the active controller and the
+//! partitions the image places on it.
+//!
+//! - [`ClusterNode`]: the controller handle, the image, who leads what.
+//! - [`lifecycle`]: registration, heartbeats, controlled shutdown.
+//! - [`publisher`]: applies each new image to the local logs (the
+//!   partitions placed here are opened or created, the others removed).
+//!
+//! On a single node none of this runs: the broker keeps its metadata in its
+//! own file as before (see [`crate::metadata::store`]).
+
+pub mod lifecycle;
+pub mod publisher;
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+use crate::config::QuorumSettings;
+use crate::controller::core::{Reply, Request};
+use crate::controller::driver::{Controller, DriverError, DriverSettings, DriverStartError, QuorumView};
+use crate::metadata::image::{ClusterImage, NO_LEADER};
+
+/// How long a request for the controller (an admin request forwarded, a
+/// registration, a producer-id block) waits for an active controller.
+pub const CONTROLLER_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Who leads a partition, as this broker's image says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leadership {
+    /// This broker leads it.
+    Here { leader_epoch: i32 },
+    /// Another broker leads it, or nobody does (`leader` is -1).
+    Elsewhere { leader: i32, leader_epoch: i32 },
+    /// No such partition in the image.
+    Unknown,
+}
+
+pub struct ClusterNode {
+    pub node_id: i32,
+    controller: Controller,
+    image: watch::Receiver<Arc<ClusterImage>>,
+    /// This process's registration: a new one on every start.
+    pub incarnation_id: Uuid,
+    /// The broker epoch the controller gave our registration (-1 before).
+    broker_epoch: AtomicI64,
+    pub heartbeat_interval: Duration,
+    /// The producer-id block the controller gave this broker: (next, end).
+    producer_ids: tokio::sync::Mutex<(i64, i64)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerIdError {
+    #[error(transparent)]
+    Controller(#[from] DriverError),
+    #[error("{0}")]
+    Refused(crate::controller::core::ControllerError),
+}
+
+impl ClusterNode {
+    /// Opens the metadata log and joins the quorum on the bound CONTROLLER
+    /// listener.
+    pub async fn start(
+        node_id: i32,
+        quorum: &QuorumSettings,
+        controller_listener: TcpListener,
+    ) -> Result<Arc<ClusterNode>, DriverStartError> {
+        let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
+        settings.session_timeout_ms = quorum.session_timeout_ms;
+        let controller = Controller::start(settings, controller_listener).await?;
+        let image = controller.image();
+        Ok(Arc::new(ClusterNode {
+            node_id,
+            controller,
+            image,
+            incarnation_id: Uuid::new_v4(),
+            broker_epoch: AtomicI64::new(-1),
+            heartbeat_interval: Duration::from_millis(quorum.heartbeat_interval_ms),
+            producer_ids: tokio::sync::Mutex::new((0, 0)),
+        }))
+    }
+
+    /// The image as of the last metadata record applied here.
+    pub fn image(&self) -> Arc<ClusterImage> {
+        self.image.borrow().clone()
+    }
+
+    pub fn image_watch(&self) -> watch::Receiver<Arc<ClusterImage>> {
+        self.image.clone()
+    }
+
+    /// Who leads the quorum (the active controller), as this node sees it.
+    pub fn quorum(&self) -> QuorumView {
+        *self.controller.view().borrow()
+    }
+
+    pub fn broker_epoch(&self) -> i64 {
+        self.broker_epoch.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn set_broker_epoch(&self, epoch: i64) {
+        self.broker_epoch.store(epoch, Ordering::Release);
+    }
+
+    /// Whether this broker may serve: registered, unfenced, not shutting down.
+    pub fn is_active(&self) -> bool {
+        let epoch = self.broker_epoch();
+        self.image.borrow().brokers.get(&self.node_id).is_some_and(|b| b.epoch == epoch && b.is_active())
+    }
+
+    pub fn leadership(&self, topic: &str, partition: i32) -> Leadership {
+        let image = self.image.borrow();
+        match image.partition(topic, partition) {
+            None => Leadership::Unknown,
+            Some(p) if p.leader == self.node_id && p.leader != NO_LEADER => {
+                Leadership::Here { leader_epoch: p.leader_epoch }
+            }
+            Some(p) => Leadership::Elsewhere { leader: p.leader, leader_epoch: p.leader_epoch },
+        }
+    }
+
+    /// Asks the active controller (forwarding as needed) and returns once
+    /// this broker's image includes the answer.
+    pub async fn submit(&self, request: Request) -> Result<Reply, DriverError> {
+        self.controller.submit(request, CONTROLLER_REQUEST_TIMEOUT).await
+    }
+
+    /// A producer id no broker of the cluster has handed out, from this
+    /// broker's block (a new block from the controller when it runs out;
+    /// blocks are committed before use, so a restart never reuses one).
+    pub async fn allocate_producer_id(&self) -> Result<i64, ProducerIdError> {
+        let mut ids = self.producer_ids.lock().await;
+        let mut conflicts = 0;
+        while ids.0 >= ids.1 {
+            match self.submit(Request::AllocateProducerIds { broker_id: self.node_id }).await? {
+                Reply::ProducerIds { start, size } => *ids = (start, start + size),
+                // Another broker's allocation won the race: ask again.
+                Reply::Error(crate::controller::core::ControllerError::Conflict) if conflicts < 10 => conflicts += 1,
+                Reply::Error(e) => return Err(ProducerIdError::Refused(e)),
+                other => {
+                    return Err(ProducerIdError::Controller(DriverError::Unreachable(format!(
+                        "unexpected controller reply {other:?}"
+                    ))))
+                }
+            }
+        }
+        let id = ids.0;
+        ids.0 += 1;
+        Ok(id)
+    }
+
+    /// Stops the controller (everything it acknowledged is on disk).
+    pub async fn stop(&self) {
+        self.controller.stop().await;
+    }
+}

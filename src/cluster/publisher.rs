@@ -1,0 +1,74 @@
+//! Applies the metadata image to this broker's logs: every partition whose
+//! replicas include this broker is opened (created when new), every local
+//! partition the image no longer places here is removed, and a topic
+//! recreated under a new id replaces the old one's logs.
+//!
+//! Removal is only safe against an image at least as new as this process's
+//! own registration (an older one, replayed while the quorum catches up,
+//! may lack topics that exist): the publisher waits for it before the
+//! first pass.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::ClusterNode;
+use crate::metadata::image::ClusterImage;
+use crate::replica::{ReplicaManager, TopicError};
+
+pub async fn run(node: Arc<ClusterNode>, replicas: Arc<ReplicaManager>, mut shutdown: watch::Receiver<bool>) {
+    let mut images = node.image_watch();
+    let me = node.node_id;
+    let incarnation = node.incarnation_id;
+    loop {
+        let current = images.borrow_and_update().clone();
+        if current.brokers.get(&me).is_some_and(|b| b.incarnation_id == incarnation) {
+            let r = replicas.clone();
+            let image = current.clone();
+            let result = tokio::task::spawn_blocking(move || apply(&r, &image, me)).await;
+            match result {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(node = me, offset = current.offset, error = %e, "cannot apply the metadata image to the local logs")
+                }
+                Err(e) => tracing::error!(node = me, error = %e, "applying the metadata image panicked"),
+            }
+        }
+        tokio::select! {
+            _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
+            changed = images.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// One pass: makes the local topics match what `image` places on broker `me`.
+/// Every topic is tried; the first error is returned.
+pub fn apply(replicas: &ReplicaManager, image: &ClusterImage, me: i32) -> Result<(), TopicError> {
+    let mut first_error = None;
+    let no_configs = Default::default();
+    for topic in image.topics.values() {
+        let hosted: Vec<i32> =
+            topic.partitions.iter().filter(|(_, p)| p.replicas.contains(&me)).map(|(index, _)| *index).collect();
+        let result = if hosted.is_empty() {
+            match replicas.topic(&topic.name) {
+                Some(_) => replicas.remove_topic(&topic.name).map(|_| ()),
+                None => Ok(()),
+            }
+        } else {
+            let configs = image.topic_configs.get(&topic.name).unwrap_or(&no_configs);
+            replicas.host_topic(&topic.name, topic.id, topic.partitions.len() as i32, &hosted, configs)
+        };
+        if let Err(e) = result {
+            first_error.get_or_insert(e);
+        }
+    }
+    for local in replicas.topics().by_name.values() {
+        if !image.topics.contains_key(&local.id) {
+            tracing::info!(topic = %local.name, id = %local.id, "topic deleted in the cluster; removing its logs");
+            if let Err(e) = replicas.remove_topic(&local.name) {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}

@@ -1,0 +1,253 @@
+//! Three combined broker+controller nodes in one process, used through
+//! librdkafka bootstrapped from a single node: topics are created through
+//! any broker and spread over all three, every partition is served by the
+//! broker the controller placed it on, a broker that does not lead a
+//! partition answers NOT_LEADER_OR_FOLLOWER naming the leader (KIP-951),
+//! producer ids are unique across brokers, deleted topics' data is gone
+//! when the name is reused, and the cluster carries on when its active
+//! controller stops and after all three restart.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::Duration;
+
+use common::cluster::TestCluster;
+use common::*;
+use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
+use kafka_protocol::messages::{
+    FindCoordinatorRequest, InitProducerIdRequest, MetadataRequest, ProduceRequest, TopicName,
+};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{Message, Offset, TopicPartitionList};
+
+const READY: Duration = Duration::from_secs(30);
+
+fn admin(bootstrap: &str) -> AdminClient<DefaultClientContext> {
+    admin_config(bootstrap).create().expect("admin client")
+}
+
+async fn create_topic(bootstrap: &str, name: &str, partitions: i32, rf: i32) -> Result<(), String> {
+    let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(rf));
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let results = admin(bootstrap).create_topics([&topic], &opts).await.map_err(|e| e.to_string())?;
+    results.into_iter().next().unwrap().map(|_| ()).map_err(|(_, e)| e.to_string())
+}
+
+/// Leader of each partition of `topic`, as librdkafka's Metadata shows it from `bootstrap`.
+fn leaders(bootstrap: &str, topic: &str) -> (BTreeSet<i32>, BTreeMap<i32, i32>) {
+    let consumer: BaseConsumer = consumer_config(bootstrap).create().unwrap();
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10)).unwrap();
+    let brokers = md.brokers().iter().map(|b| b.id()).collect();
+    let t = md.topics().iter().find(|t| t.name() == topic).expect("topic in metadata");
+    (brokers, t.partitions().iter().map(|p| (p.id(), p.leader())).collect())
+}
+
+/// Produces `n` values per partition through a producer bootstrapped from one node.
+async fn produce_all(bootstrap: &str, topic: &str, partitions: i32, n: usize, idempotent: bool) -> Vec<(i32, i64)> {
+    let mut config = producer_config(bootstrap);
+    if idempotent {
+        config.set("enable.idempotence", "true");
+    }
+    let producer: FutureProducer = config.create().unwrap();
+    let mut acked = Vec::new();
+    for p in 0..partitions {
+        for i in 0..n {
+            let value = format!("{topic}-{p}-{i}");
+            let record = FutureRecord::to(topic).partition(p).key("k").payload(&value);
+            let delivery = producer.send(record, Duration::from_secs(30)).await.expect("acked");
+            acked.push((delivery.partition, delivery.offset));
+        }
+    }
+    acked
+}
+
+/// Reads every partition of `topic` from the beginning (assign mode): values by partition.
+fn read_all(bootstrap: &str, topic: &str, partitions: i32, expected: usize) -> BTreeMap<i32, Vec<String>> {
+    let consumer: BaseConsumer = consumer_config(bootstrap).create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while out.values().map(Vec::len).sum::<usize>() < expected {
+        assert!(std::time::Instant::now() < deadline, "read {out:?}, expected {expected} values");
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                let v = String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap();
+                out.entry(m.partition()).or_default().push(v);
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(_))) | None => {}
+            Some(Err(e)) => panic!("consume error: {e}"),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_brokers_spread_serve_and_reroute() {
+    let cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+
+    // Created through node 1; the placement covers all three brokers.
+    create_topic(&cluster.bootstrap(1), "spread", 6, 1).await.expect("topic created");
+    let (brokers, leaders_seen) = leaders(&cluster.bootstrap(2), "spread");
+    assert_eq!(brokers, BTreeSet::from([1, 2, 3]), "Metadata lists every broker");
+    assert_eq!(leaders_seen.len(), 6);
+    let leading: BTreeSet<i32> = leaders_seen.values().copied().collect();
+    assert_eq!(leading, BTreeSet::from([1, 2, 3]), "leaders {leaders_seen:?} cover every broker");
+    for (p, leader) in &leaders_seen {
+        let hosted = cluster.state(*leader).replicas.partition("spread", *p).is_some();
+        assert!(hosted, "partition {p} is led by {leader}, which must host its log");
+        for other in [1, 2, 3].iter().filter(|b| *b != leader) {
+            assert!(cluster.state(*other).replicas.partition("spread", *p).is_none());
+        }
+    }
+
+    // A producer bootstrapped from node 3 only reaches every leader; a
+    // consumer bootstrapped from node 1 reads everything back in order.
+    let acked = produce_all(&cluster.bootstrap(3), "spread", 6, 20, false).await;
+    assert_eq!(acked.len(), 120);
+    let read = read_all(&cluster.bootstrap(1), "spread", 6, 120);
+    for p in 0..6 {
+        let expected: Vec<String> = (0..20).map(|i| format!("spread-{p}-{i}")).collect();
+        assert_eq!(read.get(&p), Some(&expected), "partition {p}");
+    }
+
+    // A broker that does not lead partition 0 says so, and who does (KIP-951).
+    let leader0 = leaders_seen[&0];
+    let wrong = [1, 2, 3].into_iter().find(|b| *b != leader0).unwrap();
+    let mut conn = RawConn::connect(cluster.addr(wrong)).await;
+    let batch = strand_storage_test_batch();
+    let req =
+        ProduceRequest::default()
+            .with_acks(-1)
+            .with_timeout_ms(5000)
+            .with_topic_data(vec![TopicProduceData::default()
+                .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("spread")))
+                .with_partition_data(vec![PartitionProduceData::default().with_index(0).with_records(Some(batch))])]);
+    let resp = conn.call(&req, 11).await;
+    let p = &resp.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, 6, "NOT_LEADER_OR_FOLLOWER from broker {wrong}");
+    assert_eq!(p.current_leader.leader_id.0, leader0);
+    let endpoint = resp.node_endpoints.iter().find(|e| e.node_id.0 == leader0).expect("leader's endpoint");
+    assert_eq!(endpoint.port as u16, cluster.node(leader0).client_port);
+
+    // Idempotent producers on different brokers get different producer ids.
+    let mut ids = HashSet::new();
+    for b in [1, 2, 3] {
+        let mut conn = RawConn::connect(cluster.addr(b)).await;
+        for _ in 0..3 {
+            let resp = conn
+                .call(
+                    &InitProducerIdRequest::default().with_transactional_id(None).with_transaction_timeout_ms(60_000),
+                    4,
+                )
+                .await;
+            assert_eq!(resp.error_code, 0);
+            assert!(ids.insert(resp.producer_id.0), "producer id {} handed out twice", resp.producer_id.0);
+        }
+    }
+    let acked = produce_all(&cluster.bootstrap(2), "spread", 6, 5, true).await;
+    assert_eq!(acked.len(), 30);
+
+    // Group coordinators are not placed across brokers yet: said plainly.
+    let mut conn = RawConn::connect(cluster.addr(1)).await;
+    let resp =
+        conn.call(&FindCoordinatorRequest::default().with_key_type(0).with_coordinator_keys(vec!["g".into()]), 4).await;
+    assert_eq!(resp.coordinators[0].error_code, 15, "COORDINATOR_NOT_AVAILABLE");
+    assert!(resp.coordinators[0].error_message.as_ref().unwrap().contains("cluster"));
+
+    // Replication factors the cluster cannot keep are refused.
+    let err = create_topic(&cluster.bootstrap(2), "too-many", 1, 4).await.unwrap_err();
+    assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
+    let err = create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.unwrap_err();
+    assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
+
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_deleted_topic_recreated_under_its_name_starts_empty_on_every_broker() {
+    let cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(1), "again", 3, 1).await.unwrap();
+    produce_all(&cluster.bootstrap(1), "again", 3, 10, false).await;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let deleted = admin(&cluster.bootstrap(2)).delete_topics(&["again"], &opts).await.unwrap();
+    assert!(deleted[0].is_ok(), "{deleted:?}");
+    // Every broker drops its partitions of the deleted topic.
+    wait_for("the old logs to go", Duration::from_secs(10), Duration::from_millis(20), || {
+        let gone = [1, 2, 3].iter().all(|b| cluster.state(*b).replicas.topic("again").is_none());
+        async move { gone.then_some(()) }
+    })
+    .await;
+    create_topic(&cluster.bootstrap(3), "again", 3, 1).await.unwrap();
+    produce_all(&cluster.bootstrap(3), "again", 3, 1, false).await;
+    let read = read_all(&cluster.bootstrap(1), "again", 3, 3);
+    for p in 0..3 {
+        assert_eq!(read[&p], vec![format!("again-{p}-0")], "only the new topic's record in partition {p}");
+    }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cluster_survives_its_controller_stopping_and_a_full_restart() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let cluster_id = cluster.state(1).cluster_id();
+    assert!(!cluster_id.is_empty());
+    create_topic(&cluster.bootstrap(1), "kept", 3, 1).await.unwrap();
+    produce_all(&cluster.bootstrap(1), "kept", 3, 10, false).await;
+
+    // The active controller stops: the other two elect one and serve admin requests.
+    let old = cluster.active_controller().expect("an active controller");
+    cluster.stop(old).await;
+    let survivor = cluster.running()[0];
+    wait_for("a new active controller", READY, Duration::from_millis(20), || {
+        let l = cluster.active_controller().filter(|l| *l != old);
+        async move { l }
+    })
+    .await;
+    create_topic(&cluster.bootstrap(survivor), "after-failover", 2, 1).await.expect("created after failover");
+    // The stopped broker's partitions have no leader until it returns.
+    let (_, kept_leaders) = leaders(&cluster.bootstrap(survivor), "kept");
+    assert!(kept_leaders.values().all(|l| *l != old));
+    cluster.restart(old).await;
+    cluster.wait_ready(READY).await;
+
+    // All three stop and start again: same cluster id, topics and data.
+    let ids = cluster.running();
+    for id in &ids {
+        cluster.stop(*id).await;
+    }
+    cluster.restart_all(&ids).await;
+    cluster.wait_ready(READY).await;
+    assert_eq!(cluster.state(2).cluster_id(), cluster_id);
+    wait_for("every partition led again", READY, Duration::from_millis(50), || {
+        let (_, l) = leaders(&cluster.bootstrap(2), "kept");
+        let (_, a) = leaders(&cluster.bootstrap(2), "after-failover");
+        async move { (l.values().chain(a.values()).all(|x| *x >= 0)).then_some(()) }
+    })
+    .await;
+    let read = read_all(&cluster.bootstrap(3), "kept", 3, 30);
+    for p in 0..3 {
+        let expected: Vec<String> = (0..10).map(|i| format!("kept-{p}-{i}")).collect();
+        assert_eq!(read[&p], expected);
+    }
+    let mut conn = RawConn::connect(cluster.addr(3)).await;
+    let md = conn.call(&MetadataRequest::default().with_topics(None), 12).await;
+    let names: BTreeSet<String> = md.topics.iter().filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect();
+    assert_eq!(names, BTreeSet::from(["after-failover".to_string(), "kept".to_string()]));
+    cluster.shutdown().await;
+}
+
+/// One valid v2 record batch with a single record, CRC-32C computed.
+fn strand_storage_test_batch() -> bytes::Bytes {
+    bytes::Bytes::from(strand_storage::batch::build_test_batch(0, 1_700_000_000_000, &[b"v"]))
+}
