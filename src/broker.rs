@@ -186,9 +186,12 @@ impl Broker {
             _ => None,
         };
         let (groups, txns) = if cluster.is_some() {
-            // Coordinators across brokers are not built yet: every group and
-            // transaction request is answered COORDINATOR_NOT_AVAILABLE.
-            (Arc::new(GroupCoordinator::unavailable()), TxnCoordinator::unavailable(config.txn.clone()))
+            // The group coordinator's shards start as the image places
+            // `__consumer_offsets` partitions here (see cluster::publisher).
+            // Transaction coordinators across brokers are not built yet:
+            // their requests get COORDINATOR_NOT_AVAILABLE.
+            let groups = GroupCoordinator::empty(replicas.clone(), config.group.clone(), shutdown_rx.clone());
+            (Arc::new(groups), TxnCoordinator::unavailable(config.txn.clone()))
         } else {
             let groups =
                 Arc::new(GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?);
@@ -222,7 +225,7 @@ impl Broker {
                     port: l.port,
                 })
                 .collect();
-            tasks.spawn(crate::cluster::publisher::run(node.clone(), state.replicas.clone(), shutdown_rx.clone()));
+            tasks.spawn(crate::cluster::publisher::run(node.clone(), state.clone(), shutdown_rx.clone()));
             tasks.spawn(crate::cluster::lifecycle::run(
                 node.clone(),
                 endpoints,

@@ -14,6 +14,12 @@ pub struct ShardHandle<C> {
     pub loaded: Arc<AtomicBool>,
 }
 
+impl<C> Clone for ShardHandle<C> {
+    fn clone(&self) -> Self {
+        ShardHandle { tx: self.tx.clone(), loaded: self.loaded.clone() }
+    }
+}
+
 impl<C> ShardHandle<C> {
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(Ordering::Acquire)

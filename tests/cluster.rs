@@ -156,10 +156,11 @@ async fn three_brokers_spread_serve_and_reroute() {
     let acked = produce_all(&cluster.bootstrap(2), "spread", 6, 5, true).await;
     assert_eq!(acked.len(), 30);
 
-    // Group coordinators are not placed across brokers yet: said plainly.
+    // Transaction coordinators are not placed across brokers yet: said plainly.
     let mut conn = RawConn::connect(cluster.addr(1)).await;
-    let resp =
-        conn.call(&FindCoordinatorRequest::default().with_key_type(0).with_coordinator_keys(vec!["g".into()]), 4).await;
+    let resp = conn
+        .call(&FindCoordinatorRequest::default().with_key_type(1).with_coordinator_keys(vec!["tx".into()]), 4)
+        .await;
     assert_eq!(resp.coordinators[0].error_code, 15, "COORDINATOR_NOT_AVAILABLE");
     assert!(resp.coordinators[0].error_message.as_ref().unwrap().contains("cluster"));
 
@@ -169,6 +170,78 @@ async fn three_brokers_spread_serve_and_reroute() {
     let err = create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.unwrap_err();
     assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
 
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumer_groups_are_coordinated_across_brokers() {
+    let cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(1), "grouped", 6, 1).await.unwrap();
+    produce_all(&cluster.bootstrap(1), "grouped", 6, 10, false).await;
+
+    // Groups hash to `__consumer_offsets` partitions spread over the brokers.
+    let mut conn = RawConn::connect(cluster.addr(2)).await;
+    let keys: Vec<_> = (0..30).map(|i| kafka_protocol::protocol::StrBytes::from_string(format!("g{i}"))).collect();
+    let mut coordinators = BTreeSet::new();
+    let deadline = std::time::Instant::now() + READY;
+    loop {
+        let req = FindCoordinatorRequest::default().with_key_type(0).with_coordinator_keys(keys.clone());
+        let resp = conn.call(&req, 4).await;
+        if resp.coordinators.iter().all(|c| c.error_code == 0) {
+            coordinators.extend(resp.coordinators.iter().map(|c| c.node_id.0));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "coordinators not found: {:?}", resp.coordinators);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(coordinators, BTreeSet::from([1, 2, 3]), "coordinators spread over every broker");
+
+    // Two members of one group, bootstrapped from different brokers, share
+    // the partitions and consume everything once; their commits are kept.
+    let member = |bootstrap: String| -> BaseConsumer {
+        let mut c = consumer_config(&bootstrap);
+        c.set("group.id", "cluster-group")
+            .set("session.timeout.ms", "6000")
+            .set("enable.partition.eof", "false")
+            .set("enable.auto.offset.store", "true");
+        let consumer: BaseConsumer = c.create().unwrap();
+        consumer.subscribe(&["grouped"]).unwrap();
+        consumer
+    };
+    let a = member(cluster.bootstrap(1));
+    let b = member(cluster.bootstrap(3));
+    let mut seen: BTreeMap<(i32, i64), String> = BTreeMap::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while seen.len() < 60 {
+        assert!(std::time::Instant::now() < deadline, "consumed {} of 60", seen.len());
+        for c in [&a, &b] {
+            if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+                let v = String::from_utf8(m.payload().unwrap().to_vec()).unwrap();
+                assert!(seen.insert((m.partition(), m.offset()), v).is_none(), "a record was delivered twice");
+            }
+        }
+    }
+    for c in [&a, &b] {
+        if c.assignment().unwrap().count() > 0 {
+            c.commit_consumer_state(rdkafka::consumer::CommitMode::Sync).unwrap();
+        }
+    }
+    drop(a);
+    drop(b);
+    let reader: BaseConsumer = {
+        let mut c = consumer_config(&cluster.bootstrap(2));
+        c.set("group.id", "cluster-group");
+        c.create().unwrap()
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition("grouped", p);
+    }
+    let committed = reader.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    for e in committed.elements() {
+        assert_eq!(e.offset(), Offset::Offset(10), "committed offset of partition {}", e.partition());
+    }
     cluster.shutdown().await;
 }
 
@@ -242,7 +315,8 @@ async fn the_cluster_survives_its_controller_stopping_and_a_full_restart() {
     }
     let mut conn = RawConn::connect(cluster.addr(3)).await;
     let md = conn.call(&MetadataRequest::default().with_topics(None), 12).await;
-    let names: BTreeSet<String> = md.topics.iter().filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect();
+    let names: BTreeSet<String> =
+        md.topics.iter().filter(|t| !t.is_internal).filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect();
     assert_eq!(names, BTreeSet::from(["after-failover".to_string(), "kept".to_string()]));
     cluster.shutdown().await;
 }

@@ -36,60 +36,92 @@ fn client_id(ctx: &RequestContext) -> String {
     ctx.header.client_id.as_ref().map(|s| s.to_string()).unwrap_or_default()
 }
 
-pub fn find_coordinator(ctx: &RequestContext, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
-    let config = ctx.state.config();
-    let advertised = config.advertised_for(&ctx.listener);
-    let answer = |key: &str| -> (i16, Option<String>) {
-        let available = match req.key_type {
-            KEY_TYPE_GROUP => ctx.state.groups().is_available(),
-            _ => ctx.state.txns().is_available(),
-        };
-        if !available && (req.key_type == KEY_TYPE_GROUP || req.key_type == KEY_TYPE_TRANSACTION) {
-            return (
-                ResponseError::CoordinatorNotAvailable.code(),
-                Some(format!(
-                    "{} coordinators are {}",
-                    if req.key_type == KEY_TYPE_GROUP { "group" } else { "transaction" },
-                    super::forward::NOT_IN_CLUSTER_YET
-                )),
-            );
-        }
-        match req.key_type {
-            KEY_TYPE_GROUP if key.is_empty() => (ResponseError::InvalidRequest.code(), Some("empty group id".into())),
-            KEY_TYPE_GROUP => (0, None),
-            KEY_TYPE_TRANSACTION if key.is_empty() => {
-                (ResponseError::InvalidRequest.code(), Some("empty transactional id".into()))
-            }
-            KEY_TYPE_TRANSACTION => (0, None),
-            other => (ResponseError::InvalidRequest.code(), Some(format!("key type {other} is not supported"))),
-        }
-    };
+pub async fn find_coordinator(ctx: &RequestContext, req: FindCoordinatorRequest) -> FindCoordinatorResponse {
     if ctx.version < 4 {
-        let (error, message) = answer(req.key.as_str());
-        let ok = error == 0;
+        let answer = locate(ctx, req.key_type, req.key.as_str()).await;
+        let (error, message, (node, host, port)) = flatten(answer);
         return FindCoordinatorResponse::default()
             .with_error_code(error)
             .with_error_message(message.map(StrBytes::from_string))
-            .with_node_id(BrokerId(if ok { config.node_id } else { -1 }))
-            .with_host(if ok { str_bytes(&advertised.host) } else { str_bytes("") })
-            .with_port(if ok { advertised.port as i32 } else { -1 });
+            .with_node_id(BrokerId(node))
+            .with_host(str_bytes(&host))
+            .with_port(port);
     }
-    let coordinators = req
-        .coordinator_keys
-        .iter()
-        .map(|key| {
-            let (error, message) = answer(key.as_str());
-            let ok = error == 0;
+    let mut coordinators = Vec::with_capacity(req.coordinator_keys.len());
+    for key in &req.coordinator_keys {
+        let (error, message, (node, host, port)) = flatten(locate(ctx, req.key_type, key.as_str()).await);
+        coordinators.push(
             Coordinator::default()
                 .with_key(key.clone())
-                .with_node_id(BrokerId(if ok { config.node_id } else { -1 }))
-                .with_host(if ok { str_bytes(&advertised.host) } else { str_bytes("") })
-                .with_port(if ok { advertised.port as i32 } else { -1 })
+                .with_node_id(BrokerId(node))
+                .with_host(str_bytes(&host))
+                .with_port(port)
                 .with_error_code(error)
-                .with_error_message(message.map(StrBytes::from_string))
-        })
-        .collect();
+                .with_error_message(message.map(StrBytes::from_string)),
+        );
+    }
     FindCoordinatorResponse::default().with_coordinators(coordinators)
+}
+
+type Located = Result<(i32, String, i32), (i16, Option<String>)>;
+
+fn flatten(answer: Located) -> (i16, Option<String>, (i32, String, i32)) {
+    match answer {
+        Ok(endpoint) => (0, None, endpoint),
+        Err((code, message)) => (code, message, (-1, String::new(), -1)),
+    }
+}
+
+/// The broker coordinating `key`: this one on a single node; in a cluster,
+/// the leader of the `__consumer_offsets` partition the group hashes to
+/// (the topic is created on first use, as Kafka does).
+async fn locate(ctx: &RequestContext, key_type: i8, key: &str) -> Located {
+    match key_type {
+        KEY_TYPE_GROUP if key.is_empty() => {
+            return Err((ResponseError::InvalidRequest.code(), Some("empty group id".into())))
+        }
+        KEY_TYPE_TRANSACTION if key.is_empty() => {
+            return Err((ResponseError::InvalidRequest.code(), Some("empty transactional id".into())))
+        }
+        KEY_TYPE_GROUP | KEY_TYPE_TRANSACTION => {}
+        other => {
+            return Err((ResponseError::InvalidRequest.code(), Some(format!("key type {other} is not supported"))))
+        }
+    }
+    let Some(cluster) = ctx.state.cluster() else {
+        let advertised = ctx.state.config().advertised_for(&ctx.listener);
+        return Ok((ctx.state.config().node_id, advertised.host.clone(), advertised.port as i32));
+    };
+    if key_type == KEY_TYPE_TRANSACTION {
+        return Err((
+            ResponseError::CoordinatorNotAvailable.code(),
+            Some(format!("transaction coordinators are {}", super::forward::NOT_IN_CLUSTER_YET)),
+        ));
+    }
+    let settings = &ctx.state.config().group;
+    let mut configs = std::collections::BTreeMap::new();
+    configs.insert("cleanup.policy".to_string(), "compact".to_string());
+    configs.insert("segment.bytes".to_string(), settings.offsets_topic_segment_bytes.to_string());
+    let count = cluster
+        .ensure_topic(group::OFFSETS_TOPIC, settings.offsets_topic_num_partitions, configs)
+        .await
+        .map_err(|e| (ResponseError::CoordinatorNotAvailable.code(), Some(e)))?;
+    let partition = group::records::partition_for(key, count);
+    let leader = cluster.leadership(group::OFFSETS_TOPIC, partition);
+    let leader = match leader {
+        crate::cluster::Leadership::Here { .. } => ctx.state.config().node_id,
+        crate::cluster::Leadership::Elsewhere { leader, .. } if leader >= 0 => leader,
+        _ => {
+            return Err((
+                ResponseError::CoordinatorNotAvailable.code(),
+                Some(format!("{}-{partition} has no leader", group::OFFSETS_TOPIC)),
+            ))
+        }
+    };
+    match super::routing::endpoints(&ctx.state, &ctx.listener, &[leader]).into_iter().next() {
+        Some((id, host, port, _)) => Ok((id, host, port as i32)),
+        None => Err((ResponseError::CoordinatorNotAvailable.code(), Some(format!("broker {leader} has no endpoint")))),
+    }
 }
 
 pub async fn join_group(ctx: &RequestContext, req: JoinGroupRequest) -> JoinGroupResponse {

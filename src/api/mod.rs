@@ -130,7 +130,7 @@ pub async fn handle(
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
-        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(group::find_coordinator(&ctx, r)),
+        RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(group::find_coordinator(&ctx, r).await),
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(group::join_group(&ctx, r).await),
         RequestKind::SyncGroup(r) => ResponseKind::SyncGroup(group::sync_group(&ctx, r).await),
         RequestKind::Heartbeat(r) => ResponseKind::Heartbeat(group::heartbeat(&ctx, r).await),

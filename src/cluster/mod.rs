@@ -131,6 +131,32 @@ impl ClusterNode {
         self.controller.submit(request, CONTROLLER_REQUEST_TIMEOUT).await
     }
 
+    /// Creates `name` through the controller unless the image has it;
+    /// returns its partition count. For the internal topics, created on
+    /// first use as Kafka creates them.
+    pub async fn ensure_topic(
+        &self,
+        name: &str,
+        partitions: i32,
+        configs: std::collections::BTreeMap<String, String>,
+    ) -> Result<i32, String> {
+        if let Some(t) = self.image().topic(name) {
+            return Ok(t.partitions.len() as i32);
+        }
+        let request = Request::CreateTopic { name: name.to_string(), partitions, replication_factor: 1, configs };
+        match self.submit(request).await {
+            Ok(Reply::TopicCreated { .. })
+            | Ok(Reply::Error(crate::controller::core::ControllerError::TopicExists(_))) => {}
+            Ok(Reply::Error(e)) => return Err(format!("cannot create {name}: {e}")),
+            Ok(other) => return Err(format!("cannot create {name}: unexpected reply {other:?}")),
+            Err(e) => return Err(format!("cannot create {name}: {e}")),
+        }
+        self.image()
+            .topic(name)
+            .map(|t| t.partitions.len() as i32)
+            .ok_or_else(|| format!("{name} is not in the image yet"))
+    }
+
     /// A producer id no broker of the cluster has handed out, from this
     /// broker's block (a new block from the controller when it runs out;
     /// blocks are committed before use, so a restart never reuses one).

@@ -13,10 +13,13 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use super::ClusterNode;
+use crate::broker::BrokerState;
+use crate::group::OFFSETS_TOPIC;
 use crate::metadata::image::ClusterImage;
 use crate::replica::{ReplicaManager, TopicError};
 
-pub async fn run(node: Arc<ClusterNode>, replicas: Arc<ReplicaManager>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: watch::Receiver<bool>) {
+    let replicas = state.replicas.clone();
     let mut images = node.image_watch();
     let me = node.node_id;
     let incarnation = node.incarnation_id;
@@ -26,6 +29,11 @@ pub async fn run(node: Arc<ClusterNode>, replicas: Arc<ReplicaManager>, mut shut
             let r = replicas.clone();
             let image = current.clone();
             let result = tokio::task::spawn_blocking(move || apply(&r, &image, me)).await;
+            // Coordinator shards follow the `__consumer_offsets` partitions hosted here.
+            if let Some(t) = current.topic(OFFSETS_TOPIC) {
+                let hosted = replicas.topic(OFFSETS_TOPIC).map(|t| t.partitions.clone()).unwrap_or_default();
+                state.groups().host(&hosted, t.partitions.len() as i32);
+            }
             match result {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
@@ -45,6 +53,7 @@ pub async fn run(node: Arc<ClusterNode>, replicas: Arc<ReplicaManager>, mut shut
 /// Every topic is tried; the first error is returned.
 pub fn apply(replicas: &ReplicaManager, image: &ClusterImage, me: i32) -> Result<(), TopicError> {
     let mut first_error = None;
+    replicas.set_catalog(image.topics.values().map(|t| (t.name.clone(), t.partitions.len() as i32)).collect());
     let no_configs = Default::default();
     for topic in image.topics.values() {
         let hosted: Vec<i32> =

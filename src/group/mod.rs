@@ -9,13 +9,18 @@
 //! after the records that make them durable are appended. At start-up each
 //! shard rebuilds its groups and offsets from its partition before serving;
 //! until then requests get COORDINATOR_LOAD_IN_PROGRESS.
+//!
+//! In a cluster, `__consumer_offsets` is a topic of the metadata image whose
+//! partitions the controller spreads over the brokers; each broker runs the
+//! shards of the partitions it hosts ([`GroupCoordinator::host`], called as
+//! images are applied) and answers NOT_COORDINATOR for the others.
 
 pub mod records;
 mod shard;
 mod state;
 
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
@@ -191,7 +196,13 @@ pub struct ListedGroup {
 
 /// Routes group requests to the shard that owns the group.
 pub struct GroupCoordinator {
-    shards: Vec<ShardHandle<Command>>,
+    /// One slot per `__consumer_offsets` partition: the shard where this
+    /// broker coordinates that partition's groups. Empty until the topic
+    /// exists (in a cluster, until it is created on first use).
+    shards: RwLock<Vec<Option<ShardHandle<Command>>>>,
+    replicas: Arc<ReplicaManager>,
+    settings: GroupSettings,
+    shutdown: watch::Receiver<bool>,
 }
 
 fn not_available() -> i16 {
@@ -215,56 +226,86 @@ impl GroupCoordinator {
                 replicas.create_topic(OFFSETS_TOPIC, settings.offsets_topic_num_partitions, 1, configs, false)?
             }
         };
-        let shards = topic
-            .partitions
-            .iter()
-            .map(|partition| {
-                let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
-                let loaded = Arc::new(AtomicBool::new(false));
-                let shard = shard::Shard::new(partition.clone(), replicas.clone(), settings.clone(), loaded.clone());
-                tokio::spawn(shard.run(rx, shutdown.clone()));
-                ShardHandle { tx, loaded }
-            })
-            .collect();
-        Ok(GroupCoordinator { shards })
+        let coordinator = GroupCoordinator::empty(replicas, settings, shutdown);
+        coordinator.host(&topic.partitions, topic.partition_count);
+        Ok(coordinator)
     }
 
-    /// A coordinator with no shards: every request gets
-    /// COORDINATOR_NOT_AVAILABLE. What a multi-node cluster runs until the
-    /// coordinators are placed across its brokers.
-    pub fn unavailable() -> GroupCoordinator {
-        GroupCoordinator { shards: Vec::new() }
+    /// A coordinator with no shards yet (a cluster node before
+    /// `__consumer_offsets` exists): requests get COORDINATOR_NOT_AVAILABLE.
+    pub fn empty(
+        replicas: Arc<ReplicaManager>,
+        settings: GroupSettings,
+        shutdown: watch::Receiver<bool>,
+    ) -> GroupCoordinator {
+        GroupCoordinator { shards: RwLock::new(Vec::new()), replicas, settings, shutdown }
     }
 
-    fn shard(&self, group_id: &str) -> Option<&ShardHandle<Command>> {
-        if self.shards.is_empty() {
-            return None;
+    /// Runs the shards of `hosted` (partitions of a `partition_count`-partition
+    /// `__consumer_offsets`) and stops those of partitions no longer hosted.
+    /// A shard already running for a partition keeps running.
+    pub fn host(&self, hosted: &[Arc<crate::replica::Partition>], partition_count: i32) {
+        let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+        shards.resize_with(partition_count.max(0) as usize, || None);
+        let wanted: std::collections::HashSet<i32> = hosted.iter().map(|p| p.index).collect();
+        for (i, slot) in shards.iter_mut().enumerate() {
+            if slot.is_some() && !wanted.contains(&(i as i32)) {
+                // Dropping the sender ends the shard's task once its queue drains.
+                *slot = None;
+                tracing::info!(partition = i, "group coordinator shard unloaded");
+            }
         }
-        let p = records::partition_for(group_id, self.shards.len() as i32);
-        self.shards.get(p as usize)
+        for partition in hosted {
+            let Some(slot) = shards.get_mut(partition.index as usize) else { continue };
+            if slot.is_some() {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
+            let loaded = Arc::new(AtomicBool::new(false));
+            let shard =
+                shard::Shard::new(partition.clone(), self.replicas.clone(), self.settings.clone(), loaded.clone());
+            tokio::spawn(shard.run(rx, self.shutdown.clone()));
+            *slot = Some(ShardHandle { tx, loaded });
+        }
+    }
+
+    /// The shard for `group_id`: `Err` with NOT_COORDINATOR when another
+    /// broker coordinates it, COORDINATOR_NOT_AVAILABLE before the topic exists.
+    fn shard(&self, group_id: &str) -> Result<ShardHandle<Command>, i16> {
+        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
+        if shards.is_empty() {
+            return Err(not_available());
+        }
+        let p = records::partition_for(group_id, shards.len() as i32);
+        shards.get(p as usize).cloned().flatten().ok_or(ResponseError::NotCoordinator.code())
     }
 
     /// COORDINATOR_LOAD_IN_PROGRESS while the group's shard is still loading.
     pub fn check_loaded(&self, group_id: &str) -> Result<(), i16> {
-        match self.shard(group_id) {
-            None => Err(not_available()),
-            Some(s) if s.is_loaded() => Ok(()),
-            Some(_) => Err(ResponseError::CoordinatorLoadInProgress.code()),
+        let shard = self.shard(group_id)?;
+        if shard.is_loaded() {
+            Ok(())
+        } else {
+            Err(ResponseError::CoordinatorLoadInProgress.code())
         }
     }
 
-    /// Whether this broker coordinates any groups at all.
+    /// Whether `__consumer_offsets` exists here (its partition count is known).
     pub fn is_available(&self) -> bool {
-        !self.shards.is_empty()
+        !self.shards.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    fn hosted(&self) -> Vec<ShardHandle<Command>> {
+        self.shards.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
     }
 
     pub fn all_loaded(&self) -> bool {
-        self.shards.iter().all(|s| s.is_loaded())
+        self.hosted().iter().all(|s| s.is_loaded())
     }
 
     async fn ask<T>(&self, group_id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
         let (tx, rx) = oneshot::channel();
-        self.shard(group_id)?.tx.send(make(tx)).await.ok()?;
+        self.shard(group_id).ok()?.tx.send(make(tx)).await.ok()?;
         rx.await.ok()
     }
 
@@ -332,7 +373,8 @@ impl GroupCoordinator {
 
     /// The `__consumer_offsets` partition a group's offsets live in.
     pub fn partition_for(&self, group_id: &str) -> i32 {
-        records::partition_for(group_id, self.shards.len().max(1) as i32)
+        let count = self.shards.read().unwrap_or_else(|e| e.into_inner()).len();
+        records::partition_for(group_id, count.max(1) as i32)
     }
 
     /// Writes offsets as part of producer `producer_id`'s transaction; one error per offset.
@@ -348,7 +390,10 @@ impl GroupCoordinator {
     /// Writes the transaction marker to `__consumer_offsets` partition `partition`
     /// and makes the producer's pending offsets there visible (commit) or drops them.
     pub async fn complete_txn(&self, partition: i32, producer_id: i64, epoch: i16, commit: bool) -> Result<(), i16> {
-        let shard = usize::try_from(partition).ok().and_then(|i| self.shards.get(i)).ok_or(not_available())?;
+        let shard = usize::try_from(partition)
+            .ok()
+            .and_then(|i| self.shards.read().unwrap_or_else(|e| e.into_inner()).get(i).cloned().flatten())
+            .ok_or(not_available())?;
         let (tx, rx) = oneshot::channel();
         shard
             .tx
@@ -371,7 +416,7 @@ impl GroupCoordinator {
 
     /// Every group of every loaded shard; the error is COORDINATOR_LOAD_IN_PROGRESS if any shard is loading.
     pub async fn list(&self) -> (i16, Vec<ListedGroup>) {
-        crate::shard::list_all(&self.shards, Command::List).await
+        crate::shard::list_all(&self.hosted(), Command::List).await
     }
 
     pub async fn delete_group(&self, group_id: &str) -> i16 {

@@ -855,16 +855,13 @@ impl Shard {
         let mut errors = vec![0i16; n];
         let mut records = Vec::new();
         let mut accepted = Vec::new();
-        let topics = self.replicas.topics();
         for (i, o) in req.offsets.iter().enumerate() {
             let metadata = o.metadata.clone().unwrap_or_default();
             if metadata.len() > self.settings.offset_metadata_max_bytes {
                 errors[i] = code(ResponseError::OffsetMetadataTooLarge);
                 continue;
             }
-            let known =
-                topics.by_name.get(&o.topic).is_some_and(|t| o.partition >= 0 && o.partition < t.partition_count);
-            if !known {
+            if !self.replicas.partition_exists(&o.topic, o.partition) {
                 errors[i] = code(ResponseError::UnknownTopicOrPartition);
                 continue;
             }
@@ -924,7 +921,6 @@ impl Shard {
             return vec![code(ResponseError::IllegalGeneration); n];
         }
         let now = now_ms();
-        let topics = self.replicas.topics();
         let mut errors = vec![0i16; n];
         let mut entries = Vec::new();
         let mut accepted = Vec::new();
@@ -934,7 +930,7 @@ impl Shard {
                 errors[i] = code(ResponseError::OffsetMetadataTooLarge);
                 continue;
             }
-            if topics.by_name.get(&o.topic).and_then(|t| t.partition(o.partition)).is_none() {
+            if !self.replicas.partition_exists(&o.topic, o.partition) {
                 errors[i] = code(ResponseError::UnknownTopicOrPartition);
                 continue;
             }

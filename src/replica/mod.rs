@@ -131,6 +131,9 @@ pub struct ReplicaManager {
     producer_ids: Mutex<(i64, i64)>,
     topics: RwLock<Arc<TopicMap>>,
     dynamic: RwLock<DynamicBrokerConfigs>,
+    /// In a cluster: every topic of the cluster with its partition count
+    /// (hosted here or not), as of the last image applied.
+    catalog: RwLock<Option<Arc<HashMap<String, i32>>>>,
 }
 
 fn now_ms() -> i64 {
@@ -164,6 +167,7 @@ impl ReplicaManager {
             store: Mutex::new(store),
             topics: RwLock::new(Arc::new(map)),
             dynamic: RwLock::new(dynamic),
+            catalog: RwLock::new(None),
         })
     }
 
@@ -323,6 +327,20 @@ impl ReplicaManager {
             } else if !hosted {
                 tracing::warn!(dir = %entry.path().display(), "directory in log.dirs is not a partition of any known topic; left alone");
             }
+        }
+    }
+
+    /// Records the cluster's topics and partition counts (from the image).
+    pub fn set_catalog(&self, catalog: HashMap<String, i32>) {
+        *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(catalog));
+    }
+
+    /// Whether the partition exists: anywhere in the cluster, or here on a single node.
+    pub fn partition_exists(&self, topic: &str, partition: i32) -> bool {
+        let catalog = self.catalog.read().unwrap_or_else(|e| e.into_inner()).clone();
+        match catalog {
+            Some(c) => c.get(topic).is_some_and(|n| partition >= 0 && partition < *n),
+            None => self.partition(topic, partition).is_some(),
         }
     }
 
