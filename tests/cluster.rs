@@ -18,7 +18,9 @@ use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProdu
 use kafka_protocol::messages::{
     FindCoordinatorRequest, InitProducerIdRequest, MetadataRequest, ProduceRequest, TopicName,
 };
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{
+    AdminClient, AdminOptions, AlterConfig, NewPartitions, NewTopic, ResourceSpecifier, TopicReplication,
+};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -242,6 +244,50 @@ async fn consumer_groups_are_coordinated_across_brokers() {
     for e in committed.elements() {
         assert_eq!(e.offset(), Offset::Offset(10), "committed offset of partition {}", e.partition());
     }
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn partitions_and_configs_change_through_any_broker() {
+    let cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let topic = NewTopic::new("grown", 2, TopicReplication::Fixed(1)).set("retention.ms", "3600000");
+    let r = admin(&cluster.bootstrap(1)).create_topics([&topic], &opts).await.unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+
+    // Grown through broker 2: the new partitions are placed and served.
+    let r = admin(&cluster.bootstrap(2)).create_partitions(&[NewPartitions::new("grown", 6)], &opts).await.unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+    let (_, l) = leaders(&cluster.bootstrap(3), "grown");
+    assert_eq!(l.len(), 6);
+    assert_eq!(l.values().copied().collect::<BTreeSet<i32>>(), BTreeSet::from([1, 2, 3]), "{l:?}");
+    let r = admin(&cluster.bootstrap(2)).create_partitions(&[NewPartitions::new("grown", 3)], &opts).await.unwrap();
+    assert!(r[0].is_err(), "shrinking is refused: {r:?}");
+    produce_all(&cluster.bootstrap(1), "grown", 6, 2, false).await;
+
+    // A topic config changed through broker 3 is described by broker 1 and
+    // applied by every broker hosting the topic.
+    let alter = AlterConfig::new(ResourceSpecifier::Topic("grown")).set("retention.ms", "7200000");
+    let r = admin(&cluster.bootstrap(3)).alter_configs([&alter], &opts).await.unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+    let described = admin(&cluster.bootstrap(1))
+        .describe_configs([&ResourceSpecifier::Topic("grown")], &AdminOptions::new())
+        .await
+        .unwrap();
+    let resource = described.into_iter().next().unwrap().expect("described");
+    assert_eq!(resource.get("retention.ms").and_then(|e| e.value.clone()).as_deref(), Some("7200000"));
+    wait_for("the new config on every broker", READY, Duration::from_millis(20), || {
+        let applied = [1, 2, 3].iter().all(|b| {
+            cluster
+                .state(*b)
+                .replicas
+                .topic("grown")
+                .is_none_or(|t| t.configs.get("retention.ms").map(String::as_str) == Some("7200000"))
+        });
+        async move { applied.then_some(()) }
+    })
+    .await;
     cluster.shutdown().await;
 }
 

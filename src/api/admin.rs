@@ -182,12 +182,6 @@ pub fn create_partitions(ctx: &RequestContext, req: CreatePartitionsRequest) -> 
         .into_iter()
         .map(|t| {
             let outcome = (|| {
-                if ctx.state.cluster().is_some() {
-                    return Err(TopicError::InvalidRequest(format!(
-                        "CreatePartitions is {}",
-                        super::forward::NOT_IN_CLUSTER_YET
-                    )));
-                }
                 if let Some(assignments) = &t.assignments {
                     if assignments.iter().any(|a| a.broker_ids.len() != 1 || a.broker_ids[0].0 != node) {
                         return Err(TopicError::InvalidReplicaAssignment(format!("the only broker is {node}")));

@@ -147,10 +147,20 @@ pub fn describe(ctx: &RequestContext, req: DescribeConfigsRequest) -> DescribeCo
                 .with_resource_type(r.resource_type)
                 .with_resource_name(r.resource_name.clone());
             let entries = match r.resource_type {
-                RESOURCE_TOPIC => match ctx.state.replicas.topic(&name) {
-                    Some(t) => Ok(topic_entries(ctx, &t.configs)),
-                    None => Err((ResponseError::UnknownTopicOrPartition, format!("topic {name} does not exist"))),
-                },
+                RESOURCE_TOPIC => {
+                    // In a cluster the image holds every topic's overrides, hosted here or not.
+                    let overrides = match ctx.state.cluster() {
+                        Some(c) => {
+                            let image = c.image();
+                            image.topic(&name).map(|_| image.topic_configs.get(&name).cloned().unwrap_or_default())
+                        }
+                        None => ctx.state.replicas.topic(&name).map(|t| t.configs.clone()),
+                    };
+                    match overrides {
+                        Some(o) => Ok(topic_entries(ctx, &o)),
+                        None => Err((ResponseError::UnknownTopicOrPartition, format!("topic {name} does not exist"))),
+                    }
+                }
                 RESOURCE_BROKER if name.is_empty() || name == node => Ok(broker_entries(ctx)),
                 RESOURCE_BROKER => Err((ResponseError::InvalidRequest, format!("this is broker {node}, not {name}"))),
                 other => Err((ResponseError::InvalidRequest, format!("resource type {other} is not supported"))),
@@ -267,117 +277,159 @@ fn validate_broker_value(k: &str, v: &str) -> Result<String, String> {
     topic_config::validate_topic_value(topic_key.name, v)
 }
 
-/// The resource an alter request names, with its current overrides.
+/// The resource an alter request names.
 enum Target {
     Topic(String),
-    /// The broker's dynamic configs: cluster-wide default (`""`) or this broker.
-    Broker {
-        cluster_default: bool,
-    },
+    /// Dynamic broker configs: the cluster-wide default (`None`, the
+    /// resource name `""`) or one broker's.
+    Broker(Option<i32>),
 }
 
-/// Resolves the resource, computes its new override set with `next` (given
-/// the current overrides and the key validator for that kind of resource),
-/// and stores it unless `validate_only`. Shared by both alter APIs.
-fn apply_to_resource(
+/// Resolves the resource and computes its new override set with `next`
+/// (given the current overrides and the key validator for that kind of
+/// resource). Current overrides come from this broker on a single node and
+/// from the metadata image in a cluster.
+fn plan(
     ctx: &RequestContext,
     resource_type: i8,
     name: &str,
-    validate_only: bool,
     next: impl Fn(
         &BTreeMap<String, String>,
         &dyn Fn(&str, &str) -> Result<String, String>,
     ) -> Result<BTreeMap<String, String>, String>,
-) -> Result<(), (i16, String)> {
-    if ctx.state.cluster().is_some() {
-        // Changing only this broker's copy would leave the cluster disagreeing.
-        return Err((ResponseError::InvalidRequest.code(), super::forward::NOT_IN_CLUSTER_YET.to_string()));
-    }
-    let node = ctx.state.config().node_id.to_string();
+) -> Result<(Target, BTreeMap<String, String>, BTreeMap<String, String>), (i16, String)> {
+    let node = ctx.state.config().node_id;
     let target = match resource_type {
         RESOURCE_TOPIC => Target::Topic(name.to_string()),
-        RESOURCE_BROKER if name.is_empty() || name == node => Target::Broker { cluster_default: name.is_empty() },
-        RESOURCE_BROKER => {
-            return Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}")))
-        }
+        RESOURCE_BROKER if name.is_empty() => Target::Broker(None),
+        RESOURCE_BROKER => match name.parse::<i32>() {
+            Ok(id) if id == node || ctx.state.cluster().is_some_and(|c| c.image().brokers.contains_key(&id)) => {
+                Target::Broker(Some(id))
+            }
+            _ => return Err((ResponseError::InvalidRequest.code(), format!("this is broker {node}, not {name}"))),
+        },
         other => return Err((ResponseError::InvalidRequest.code(), format!("resource type {other} is not supported"))),
     };
-    let stored = |r: Result<(), TopicError>| r.map_err(|e| (error::topic_code(&e), e.to_string()));
-    match target {
-        Target::Topic(topic_name) => {
-            let topic = ctx.state.replicas.topic(&topic_name).ok_or_else(|| {
-                (ResponseError::UnknownTopicOrPartition.code(), format!("topic {topic_name} does not exist"))
-            })?;
-            let overrides = next(&topic.configs, &topic_config::validate_topic_value)
-                .map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-            if validate_only {
-                return Ok(());
-            }
-            stored(ctx.state.replicas.set_topic_configs(&topic_name, overrides))
+    let image = ctx.state.cluster().map(|c| c.image());
+    let current: BTreeMap<String, String> = match (&target, &image) {
+        (Target::Topic(topic), None) => {
+            ctx.state.replicas.topic(topic).map(|t| t.configs.clone()).ok_or_else(|| {
+                (ResponseError::UnknownTopicOrPartition.code(), format!("topic {topic} does not exist"))
+            })?
         }
-        Target::Broker { cluster_default } => {
+        (Target::Topic(topic), Some(image)) => match image.topic(topic) {
+            Some(_) => image.topic_configs.get(topic).cloned().unwrap_or_default(),
+            None => {
+                return Err((ResponseError::UnknownTopicOrPartition.code(), format!("topic {topic} does not exist")))
+            }
+        },
+        (Target::Broker(id), None) => {
             let dynamic = ctx.state.replicas.dynamic_configs();
-            let current = if cluster_default { &dynamic.cluster_default } else { &dynamic.this_broker };
-            let overrides =
-                next(current, &validate_broker_value).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
-            if validate_only {
-                return Ok(());
+            if id.is_none() {
+                dynamic.cluster_default
+            } else {
+                dynamic.this_broker
             }
-            stored(ctx.state.replicas.set_dynamic_broker_configs(cluster_default, overrides))
         }
+        (Target::Broker(None), Some(image)) => image.broker_default_configs.clone(),
+        (Target::Broker(Some(id)), Some(image)) => image.broker_configs.get(id).cloned().unwrap_or_default(),
+    };
+    let validate: &dyn Fn(&str, &str) -> Result<String, String> = match target {
+        Target::Topic(_) => &topic_config::validate_topic_value,
+        Target::Broker(_) => &validate_broker_value,
+    };
+    let overrides = next(&current, validate).map_err(|m| (ResponseError::InvalidConfig.code(), m))?;
+    Ok((target, current, overrides))
+}
+
+/// Stores a resource's new overrides: on this broker (single node), or
+/// through the active controller as config records (cluster), answered
+/// once this broker has applied them.
+async fn store(
+    ctx: &RequestContext,
+    target: Target,
+    current: BTreeMap<String, String>,
+    overrides: BTreeMap<String, String>,
+) -> Result<(), (i16, String)> {
+    let stored = |r: Result<(), TopicError>| r.map_err(|e| (error::topic_code(&e), e.to_string()));
+    let Some(cluster) = ctx.state.cluster() else {
+        return match target {
+            Target::Topic(topic) => stored(ctx.state.replicas.set_topic_configs(&topic, overrides)),
+            Target::Broker(id) => stored(ctx.state.replicas.set_dynamic_broker_configs(id.is_none(), overrides)),
+        };
+    };
+    let mut changes: Vec<(String, Option<String>)> =
+        current.keys().filter(|k| !overrides.contains_key(*k)).map(|k| (k.clone(), None)).collect();
+    changes.extend(
+        overrides.iter().filter(|(k, v)| current.get(*k) != Some(*v)).map(|(k, v)| (k.clone(), Some(v.clone()))),
+    );
+    let resource = match target {
+        Target::Topic(topic) => crate::metadata::records::ConfigResource::Topic(topic),
+        Target::Broker(None) => crate::metadata::records::ConfigResource::BrokerDefault,
+        Target::Broker(Some(id)) => crate::metadata::records::ConfigResource::Broker(id),
+    };
+    match cluster.submit(crate::controller::core::Request::AlterConfigs { resource, changes }).await {
+        Ok(crate::controller::core::Reply::Error(e)) => Err(error::controller_reply_code(&e)),
+        Ok(_) => Ok(()),
+        Err(e) => Err(error::controller_code(&e)),
     }
 }
 
 /// AlterConfigs (the pre-KIP-339 form): each resource's overrides are replaced
 /// by exactly the given set.
-pub fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse {
-    let responses = req
-        .resources
-        .into_iter()
-        .map(|r| {
-            let pairs: Vec<(String, Option<String>)> =
-                r.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
-            let replace_all = |_current: &BTreeMap<String, String>,
-                               validate: &dyn Fn(&str, &str) -> Result<String, String>| {
-                let mut out = BTreeMap::new();
-                for (k, v) in &pairs {
-                    let v = v.as_deref().ok_or_else(|| format!("null value for {k}"))?;
-                    out.insert(k.clone(), validate(k, v)?);
-                }
-                Ok(out)
-            };
-            let outcome =
-                apply_to_resource(ctx, r.resource_type, r.resource_name.as_str(), req.validate_only, replace_all);
-            let base = alter_configs_response::AlterConfigsResourceResponse::default()
-                .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name);
-            match outcome {
-                Ok(()) => base.with_error_code(0),
-                Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
+pub async fn alter(ctx: &RequestContext, req: AlterConfigsRequest) -> AlterConfigsResponse {
+    let mut responses = Vec::with_capacity(req.resources.len());
+    for r in req.resources {
+        let pairs: Vec<(String, Option<String>)> =
+            r.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
+        let replace_all = |_current: &BTreeMap<String, String>,
+                           validate: &dyn Fn(&str, &str) -> Result<String, String>| {
+            let mut out = BTreeMap::new();
+            for (k, v) in &pairs {
+                let v = v.as_deref().ok_or_else(|| format!("null value for {k}"))?;
+                out.insert(k.clone(), validate(k, v)?);
             }
-        })
-        .collect();
+            Ok(out)
+        };
+        let outcome = match plan(ctx, r.resource_type, r.resource_name.as_str(), replace_all) {
+            Ok(_) if req.validate_only => Ok(()),
+            Ok((target, current, overrides)) => store(ctx, target, current, overrides).await,
+            Err(e) => Err(e),
+        };
+        let base = alter_configs_response::AlterConfigsResourceResponse::default()
+            .with_resource_type(r.resource_type)
+            .with_resource_name(r.resource_name);
+        responses.push(match outcome {
+            Ok(()) => base.with_error_code(0),
+            Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
+        });
+    }
     AlterConfigsResponse::default().with_responses(responses)
 }
 
-pub fn incremental_alter(ctx: &RequestContext, req: IncrementalAlterConfigsRequest) -> IncrementalAlterConfigsResponse {
-    let responses = req
-        .resources
-        .into_iter()
-        .map(|r| {
-            let is_list = |k: &str| k == "cleanup.policy" || k == "log.cleanup.policy";
-            let ops = |current: &BTreeMap<String, String>, validate: &dyn Fn(&str, &str) -> Result<String, String>| {
-                apply_ops(current, &r.configs, validate, is_list)
-            };
-            let outcome = apply_to_resource(ctx, r.resource_type, r.resource_name.as_str(), req.validate_only, ops);
-            let base = AlterConfigsResourceResponse::default()
-                .with_resource_type(r.resource_type)
-                .with_resource_name(r.resource_name);
-            match outcome {
-                Ok(()) => base.with_error_code(0),
-                Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
-            }
-        })
-        .collect();
+/// IncrementalAlterConfigs (KIP-339): set, delete, append and subtract per key.
+pub async fn incremental_alter(
+    ctx: &RequestContext,
+    req: IncrementalAlterConfigsRequest,
+) -> IncrementalAlterConfigsResponse {
+    let mut responses = Vec::with_capacity(req.resources.len());
+    for r in req.resources {
+        let is_list = |k: &str| k == "cleanup.policy" || k == "log.cleanup.policy";
+        let ops = |current: &BTreeMap<String, String>, validate: &dyn Fn(&str, &str) -> Result<String, String>| {
+            apply_ops(current, &r.configs, validate, is_list)
+        };
+        let outcome = match plan(ctx, r.resource_type, r.resource_name.as_str(), ops) {
+            Ok(_) if req.validate_only => Ok(()),
+            Ok((target, current, overrides)) => store(ctx, target, current, overrides).await,
+            Err(e) => Err(e),
+        };
+        let base = AlterConfigsResourceResponse::default()
+            .with_resource_type(r.resource_type)
+            .with_resource_name(r.resource_name);
+        responses.push(match outcome {
+            Ok(()) => base.with_error_code(0),
+            Err((code, msg)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(msg))),
+        });
+    }
     IncrementalAlterConfigsResponse::default().with_responses(responses)
 }

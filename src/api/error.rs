@@ -112,7 +112,9 @@ pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i
         ControllerError::TopicExists(_) => ResponseError::TopicAlreadyExists,
         ControllerError::UnknownTopic(_) => ResponseError::UnknownTopicOrPartition,
         ControllerError::Placement(_) => ResponseError::InvalidReplicationFactor,
-        ControllerError::InvalidPartitions(_) => ResponseError::InvalidPartitions,
+        ControllerError::InvalidPartitions(_) | ControllerError::PartitionsCanOnlyGrow { .. } => {
+            ResponseError::InvalidPartitions
+        }
         ControllerError::Conflict => ResponseError::RequestTimedOut,
     };
     (r.code(), e.to_string())

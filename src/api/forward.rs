@@ -172,6 +172,42 @@ pub async fn delete_topics(ctx: &RequestContext, req: DeleteTopicsRequest) -> De
     DeleteTopicsResponse::default().with_responses(responses)
 }
 
+pub async fn create_partitions(ctx: &RequestContext, req: CreatePartitionsRequest) -> CreatePartitionsResponse {
+    use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
+    let cluster = ctx.state.cluster().expect("forwarding runs in a cluster");
+    let mut results = Vec::with_capacity(req.topics.len());
+    for t in req.topics {
+        let name = t.name.0.to_string();
+        let outcome: Result<(), Refusal> = async {
+            if t.assignments.is_some() {
+                return Err(topic_refusal(TopicError::InvalidReplicaAssignment(
+                    "manual replica assignments are not supported by this build's cluster; give the count".into(),
+                )));
+            }
+            let current = match cluster.image().topic(&name) {
+                Some(topic) => topic.partitions.len() as i32,
+                None => return Err(topic_refusal(TopicError::Unknown(name.clone()))),
+            };
+            if t.count <= current {
+                return Err(topic_refusal(TopicError::InvalidPartitions(format!(
+                    "topic {name} has {current} partitions; partitions can only be added"
+                ))));
+            }
+            if req.validate_only {
+                return Ok(());
+            }
+            refusal(cluster.submit(Request::CreatePartitions { name: name.clone(), count: t.count }).await).map(|_| ())
+        }
+        .await;
+        let base = CreatePartitionsTopicResult::default().with_name(t.name);
+        results.push(match outcome {
+            Ok(()) => base.with_error_code(0),
+            Err((code, message)) => base.with_error_code(code).with_error_message(Some(StrBytes::from_string(message))),
+        });
+    }
+    CreatePartitionsResponse::default().with_results(results)
+}
+
 /// Admin requests a cluster does not serve yet, answered with this message
 /// and INVALID_REQUEST rather than changing only this broker.
 pub const NOT_IN_CLUSTER_YET: &str =

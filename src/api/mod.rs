@@ -126,6 +126,9 @@ pub async fn handle(
             ResponseKind::DeleteTopics(forward::delete_topics(&ctx, r).await)
         }
         RequestKind::DeleteTopics(r) => ResponseKind::DeleteTopics(admin::delete_topics(&ctx, r)),
+        RequestKind::CreatePartitions(r) if state.cluster().is_some() => {
+            ResponseKind::CreatePartitions(forward::create_partitions(&ctx, r).await)
+        }
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
@@ -152,9 +155,9 @@ pub async fn handle(
         }
         RequestKind::DescribeProducers(r) => ResponseKind::DescribeProducers(producer::describe_producers(&ctx, r)),
         RequestKind::InitProducerId(r) => ResponseKind::InitProducerId(producer::init_producer_id(&ctx, r).await),
-        RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r)),
+        RequestKind::AlterConfigs(r) => ResponseKind::AlterConfigs(configs::alter(&ctx, r).await),
         RequestKind::IncrementalAlterConfigs(r) => {
-            ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r))
+            ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r).await)
         }
         other => {
             // versions::SUPPORTED and this match must agree; a mismatch is a bug, not bad input.

@@ -54,6 +54,19 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
 pub fn apply(replicas: &ReplicaManager, image: &ClusterImage, me: i32) -> Result<(), TopicError> {
     let mut first_error = None;
     replicas.set_catalog(image.topics.values().map(|t| (t.name.clone(), t.partitions.len() as i32)).collect());
+    // Dynamic broker configs: the cluster default and this broker's own.
+    let dynamic = replicas.dynamic_configs();
+    let mine = image.broker_configs.get(&me).cloned().unwrap_or_default();
+    if dynamic.cluster_default != image.broker_default_configs {
+        if let Err(e) = replicas.set_dynamic_broker_configs(true, image.broker_default_configs.clone()) {
+            first_error.get_or_insert(e);
+        }
+    }
+    if dynamic.this_broker != mine {
+        if let Err(e) = replicas.set_dynamic_broker_configs(false, mine) {
+            first_error.get_or_insert(e);
+        }
+    }
     let no_configs = Default::default();
     for topic in image.topics.values() {
         let hosted: Vec<i32> =

@@ -26,11 +26,40 @@ use crate::metadata::records::{ConfigResource, Endpoint, MetadataRecord, RecordB
 /// A broker's or client's request to the controller.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    Register { broker_id: i32, incarnation_id: Uuid, endpoints: Vec<Endpoint>, rack: Option<String> },
-    Heartbeat { broker_id: i32, epoch: i64, applied_offset: u64, want_shutdown: bool },
-    CreateTopic { name: String, partitions: i32, replication_factor: i16, configs: BTreeMap<String, String> },
-    DeleteTopic { name: String },
-    AllocateProducerIds { broker_id: i32 },
+    Register {
+        broker_id: i32,
+        incarnation_id: Uuid,
+        endpoints: Vec<Endpoint>,
+        rack: Option<String>,
+    },
+    Heartbeat {
+        broker_id: i32,
+        epoch: i64,
+        applied_offset: u64,
+        want_shutdown: bool,
+    },
+    CreateTopic {
+        name: String,
+        partitions: i32,
+        replication_factor: i16,
+        configs: BTreeMap<String, String>,
+    },
+    DeleteTopic {
+        name: String,
+    },
+    /// Grows topic `name` to `count` partitions.
+    CreatePartitions {
+        name: String,
+        count: i32,
+    },
+    /// Sets (`Some`) or removes (`None`) config keys of one resource.
+    AlterConfigs {
+        resource: ConfigResource,
+        changes: Vec<(String, Option<String>)>,
+    },
+    AllocateProducerIds {
+        broker_id: i32,
+    },
 }
 
 /// A reply, sent once the request's records are committed and applied.
@@ -40,6 +69,8 @@ pub enum Reply {
     Heartbeat { fenced: bool, shutdown_done: bool },
     TopicCreated { id: Uuid },
     TopicDeleted,
+    PartitionsCreated,
+    ConfigsAltered,
     ProducerIds { start: i64, size: i64 },
     Error(ControllerError),
 }
@@ -57,6 +88,8 @@ pub enum ControllerError {
     Placement(#[from] PlacementError),
     #[error("partition count must be at least 1, got {0}")]
     InvalidPartitions(i32),
+    #[error("topic {topic} has {current} partitions; partitions can only be added (asked for {requested})")]
+    PartitionsCanOnlyGrow { topic: String, current: i32, requested: i32 },
     #[error("the request's records were overtaken by another change; retry")]
     Conflict,
 }
@@ -217,6 +250,52 @@ impl ControllerCore {
                     self.propose(id, request, records)
                 }
             },
+            Request::CreatePartitions { name, count } => {
+                let Some(t) = self.image.topic(name) else {
+                    return Self::reply(id, Reply::Error(ControllerError::UnknownTopic(name.clone())));
+                };
+                let current = t.partitions.len() as i32;
+                if *count <= current {
+                    let e = ControllerError::PartitionsCanOnlyGrow { topic: name.clone(), current, requested: *count };
+                    return Self::reply(id, Reply::Error(e));
+                }
+                let factor = t.partitions.values().next().map_or(1, |p| p.replicas.len()) as i16;
+                let candidates: Vec<Candidate> =
+                    self.image.active_brokers().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+                let start = (t.id.as_u128() % candidates.len().max(1) as u128) as usize;
+                let placed = match placement::place(&candidates, current, *count - current, factor, start) {
+                    Ok(p) => p,
+                    Err(e) => return Self::reply(id, Reply::Error(e.into())),
+                };
+                let topic_id = t.id;
+                let records = placed
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, replicas)| MetadataRecord::Partition {
+                        topic_id,
+                        partition: current + i as i32,
+                        leader: replicas[0],
+                        isr: replicas.clone(),
+                        replicas,
+                        leader_epoch: 0,
+                    })
+                    .collect();
+                self.propose(id, request, records)
+            }
+            Request::AlterConfigs { resource, changes } => {
+                if changes.is_empty() {
+                    return Self::reply(id, Reply::ConfigsAltered);
+                }
+                let records = changes
+                    .iter()
+                    .map(|(name, value)| MetadataRecord::Config {
+                        resource: resource.clone(),
+                        name: name.clone(),
+                        value: value.clone(),
+                    })
+                    .collect();
+                self.propose(id, request, records)
+            }
             Request::AllocateProducerIds { broker_id } => {
                 // Conditional on the next free id: two racing allocations
                 // cannot both apply, and the loser is told to retry.
@@ -326,6 +405,11 @@ impl ControllerCore {
                     Reply::Error(ControllerError::UnknownTopic(name.clone()))
                 }
             }
+            Request::CreatePartitions { name, count } => match self.image.topic(name) {
+                Some(t) if t.partitions.len() as i32 >= *count => Reply::PartitionsCreated,
+                _ => Reply::Error(ControllerError::Conflict),
+            },
+            Request::AlterConfigs { .. } => Reply::ConfigsAltered,
             Request::AllocateProducerIds { .. } => match batch.records.first() {
                 Some(MetadataRecord::ProducerIds { start, size, .. }) if first_ok => {
                     Reply::ProducerIds { start: *start, size: *size }
