@@ -285,6 +285,9 @@ enum Target {
     Broker(Option<i32>),
 }
 
+/// A planned change: the resource, its current overrides, the new ones.
+type Planned = (Target, BTreeMap<String, String>, BTreeMap<String, String>);
+
 /// Resolves the resource and computes its new override set with `next`
 /// (given the current overrides and the key validator for that kind of
 /// resource). Current overrides come from this broker on a single node and
@@ -297,7 +300,7 @@ fn plan(
         &BTreeMap<String, String>,
         &dyn Fn(&str, &str) -> Result<String, String>,
     ) -> Result<BTreeMap<String, String>, String>,
-) -> Result<(Target, BTreeMap<String, String>, BTreeMap<String, String>), (i16, String)> {
+) -> Result<Planned, (i16, String)> {
     let node = ctx.state.config().node_id;
     let target = match resource_type {
         RESOURCE_TOPIC => Target::Topic(name.to_string()),
