@@ -186,12 +186,17 @@ impl Broker {
             _ => None,
         };
         let (groups, txns) = if cluster.is_some() {
-            // The group coordinator's shards start as the image places
-            // `__consumer_offsets` partitions here (see cluster::publisher).
-            // Transaction coordinators across brokers are not built yet:
-            // their requests get COORDINATOR_NOT_AVAILABLE.
-            let groups = GroupCoordinator::empty(replicas.clone(), config.group.clone(), shutdown_rx.clone());
-            (Arc::new(groups), TxnCoordinator::unavailable(config.txn.clone()))
+            // The coordinators' shards start as the image places
+            // `__consumer_offsets` and `__transaction_state` partitions here
+            // (see cluster::publisher).
+            let groups = Arc::new(GroupCoordinator::empty(replicas.clone(), config.group.clone(), shutdown_rx.clone()));
+            let markers = crate::txn::MarkerWriter {
+                replicas: replicas.clone(),
+                groups: groups.clone(),
+                cluster: cluster.clone(),
+            };
+            let txns = TxnCoordinator::empty(markers, config.txn.clone(), shutdown_rx.clone());
+            (groups, txns)
         } else {
             let groups =
                 Arc::new(GroupCoordinator::start(replicas.clone(), config.group.clone(), shutdown_rx.clone())?);

@@ -158,14 +158,6 @@ async fn three_brokers_spread_serve_and_reroute() {
     let acked = produce_all(&cluster.bootstrap(2), "spread", 6, 5, true).await;
     assert_eq!(acked.len(), 30);
 
-    // Transaction coordinators are not placed across brokers yet: said plainly.
-    let mut conn = RawConn::connect(cluster.addr(1)).await;
-    let resp = conn
-        .call(&FindCoordinatorRequest::default().with_key_type(1).with_coordinator_keys(vec!["tx".into()]), 4)
-        .await;
-    assert_eq!(resp.coordinators[0].error_code, 15, "COORDINATOR_NOT_AVAILABLE");
-    assert!(resp.coordinators[0].error_message.as_ref().unwrap().contains("cluster"));
-
     // Replication factors the cluster cannot keep are refused.
     let err = create_topic(&cluster.bootstrap(2), "too-many", 1, 4).await.unwrap_err();
     assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
@@ -288,6 +280,140 @@ async fn partitions_and_configs_change_through_any_broker() {
         async move { applied.then_some(()) }
     })
     .await;
+    cluster.shutdown().await;
+}
+
+/// Reads every partition from the beginning (assign mode) until `expected`
+/// values arrived and every partition reached its end, at the given isolation level.
+fn read_isolated(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+    committed: bool,
+) -> BTreeMap<i32, Vec<String>> {
+    let mut config = consumer_config(bootstrap);
+    config.set("isolation.level", if committed { "read_committed" } else { "read_uncommitted" });
+    let consumer: BaseConsumer = config.create().unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out: BTreeMap<i32, Vec<String>> = BTreeMap::new();
+    let mut eof = BTreeSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while out.values().map(Vec::len).sum::<usize>() < expected || eof.len() < partitions as usize {
+        assert!(std::time::Instant::now() < deadline, "read {out:?}, expected {expected} values");
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                eof.remove(&m.partition());
+                out.entry(m.partition()).or_default().push(String::from_utf8(m.payload().unwrap().to_vec()).unwrap());
+            }
+            Some(Err(rdkafka::error::KafkaError::PartitionEOF(p))) => {
+                eof.insert(p);
+            }
+            None => {}
+            Some(Err(e)) => panic!("consume error: {e}"),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn transactions_span_partitions_led_by_every_broker() {
+    use rdkafka::producer::Producer;
+    let cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(1), "txn-in", 6, 1).await.unwrap();
+    create_topic(&cluster.bootstrap(1), "txn-out", 3, 1).await.unwrap();
+    let call = Duration::from_secs(30);
+
+    // Commit, abort, commit: one record per partition each time, the six
+    // partitions led by all three brokers, the producer bootstrapped from one.
+    let producer: FutureProducer = {
+        let mut c = producer_config(&cluster.bootstrap(1));
+        c.set("transactional.id", "cluster-txn").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    tokio::task::block_in_place(|| producer.init_transactions(call)).expect("init_transactions");
+    for (round, commit) in [("c1", true), ("ab", false), ("c2", true)] {
+        producer.begin_transaction().expect("begin");
+        for p in 0..6 {
+            let value = format!("{round}-{p}");
+            let record = FutureRecord::to("txn-in").partition(p).key("k").payload(&value);
+            producer.send(record, call).await.expect("acked");
+        }
+        if commit {
+            tokio::task::block_in_place(|| producer.commit_transaction(call)).expect("commit");
+        } else {
+            tokio::task::block_in_place(|| producer.abort_transaction(call)).expect("abort");
+        }
+    }
+    let committed = read_isolated(&cluster.bootstrap(2), "txn-in", 6, 12, true);
+    for p in 0..6 {
+        assert_eq!(committed[&p], vec![format!("c1-{p}"), format!("c2-{p}")], "read_committed, partition {p}");
+    }
+    let everything = read_isolated(&cluster.bootstrap(3), "txn-in", 6, 18, false);
+    assert_eq!(everything.values().map(Vec::len).sum::<usize>(), 18);
+
+    // Consume-transform-produce: offsets of "txn-in" committed in the same
+    // transaction as the output, through coordinators on other brokers.
+    let out: FutureProducer = {
+        let mut c = producer_config(&cluster.bootstrap(3));
+        c.set("transactional.id", "cluster-ctp").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    tokio::task::block_in_place(|| out.init_transactions(call)).expect("init_transactions");
+    let input: BaseConsumer = {
+        let mut c = consumer_config(&cluster.bootstrap(2));
+        c.set("group.id", "ctp-group").set("isolation.level", "read_committed").set("enable.partition.eof", "false");
+        c.create().unwrap()
+    };
+    input.subscribe(&["txn-in"]).unwrap();
+    out.begin_transaction().unwrap();
+    let mut transformed = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while transformed < 12 {
+        assert!(std::time::Instant::now() < deadline, "transformed {transformed} of 12");
+        if let Some(Ok(m)) = input.poll(Duration::from_millis(100)) {
+            let value = format!("out-{}", String::from_utf8(m.payload().unwrap().to_vec()).unwrap());
+            let record = FutureRecord::to("txn-out").partition(m.partition() % 3).key("k").payload(&value);
+            out.send(record, call).await.unwrap();
+            transformed += 1;
+        }
+    }
+    let positions = input.position().unwrap();
+    let metadata = input.group_metadata().unwrap();
+    tokio::task::block_in_place(|| out.send_offsets_to_transaction(&positions, &metadata, call)).expect("offsets");
+    tokio::task::block_in_place(|| out.commit_transaction(call)).expect("commit");
+    drop(metadata);
+    // Not dropped: librdkafka's destroy of this group member (after
+    // send_offsets_to_transaction) did not return in about one run in two,
+    // joining a broker thread (seen in gdb: rd_kafka_destroy_app); every
+    // request the brokers received had been answered. Left open; see the
+    // issue's progress note.
+    std::mem::forget(input);
+    let outputs = read_isolated(&cluster.bootstrap(1), "txn-out", 3, 12, true);
+    assert_eq!(outputs.values().map(Vec::len).sum::<usize>(), 12, "{outputs:?}");
+    let reader: BaseConsumer = {
+        let mut c = consumer_config(&cluster.bootstrap(1));
+        c.set("group.id", "ctp-group");
+        c.create().unwrap()
+    };
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..6 {
+        tpl.add_partition("txn-in", p);
+    }
+    let offsets = reader.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    for e in offsets.elements() {
+        // c1 (0), marker, aborted (2), marker, c2 (4), marker (5): the consumer's
+        // position is past c2, and past the last marker once it has read it.
+        let offset = e.offset();
+        assert!(matches!(offset, Offset::Offset(5) | Offset::Offset(6)), "txn-in-{}: {offset:?}", e.partition());
+    }
+    // Every client goes before the brokers it talks to.
+    drop((producer, out, reader));
     cluster.shutdown().await;
 }
 

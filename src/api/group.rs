@@ -92,29 +92,29 @@ async fn locate(ctx: &RequestContext, key_type: i8, key: &str) -> Located {
         let advertised = ctx.state.config().advertised_for(&ctx.listener);
         return Ok((ctx.state.config().node_id, advertised.host.clone(), advertised.port as i32));
     };
-    if key_type == KEY_TYPE_TRANSACTION {
-        return Err((
-            ResponseError::CoordinatorNotAvailable.code(),
-            Some(format!("transaction coordinators are {}", super::forward::NOT_IN_CLUSTER_YET)),
-        ));
-    }
-    let settings = &ctx.state.config().group;
+    let (topic, partitions, segment_bytes) = if key_type == KEY_TYPE_TRANSACTION {
+        let s = &ctx.state.config().txn;
+        (crate::txn::TXN_TOPIC, s.num_partitions, s.segment_bytes)
+    } else {
+        let s = &ctx.state.config().group;
+        (group::OFFSETS_TOPIC, s.offsets_topic_num_partitions, s.offsets_topic_segment_bytes)
+    };
     let mut configs = std::collections::BTreeMap::new();
     configs.insert("cleanup.policy".to_string(), "compact".to_string());
-    configs.insert("segment.bytes".to_string(), settings.offsets_topic_segment_bytes.to_string());
+    configs.insert("segment.bytes".to_string(), segment_bytes.to_string());
     let count = cluster
-        .ensure_topic(group::OFFSETS_TOPIC, settings.offsets_topic_num_partitions, configs)
+        .ensure_topic(topic, partitions, configs)
         .await
         .map_err(|e| (ResponseError::CoordinatorNotAvailable.code(), Some(e)))?;
     let partition = group::records::partition_for(key, count);
-    let leader = cluster.leadership(group::OFFSETS_TOPIC, partition);
+    let leader = cluster.leadership(topic, partition);
     let leader = match leader {
         crate::cluster::Leadership::Here { .. } => ctx.state.config().node_id,
         crate::cluster::Leadership::Elsewhere { leader, .. } if leader >= 0 => leader,
         _ => {
             return Err((
                 ResponseError::CoordinatorNotAvailable.code(),
-                Some(format!("{}-{partition} has no leader", group::OFFSETS_TOPIC)),
+                Some(format!("{topic}-{partition} has no leader")),
             ))
         }
     };

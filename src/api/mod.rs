@@ -107,7 +107,7 @@ pub async fn handle(
             ResponseKind::Metadata(metadata::handle_cluster(&ctx, r).await)
         }
         RequestKind::Metadata(r) => ResponseKind::Metadata(metadata::handle(&ctx, r)),
-        RequestKind::Produce(r) => match produce::handle(&ctx, r) {
+        RequestKind::Produce(r) => match produce::handle(&ctx, r).await {
             produce::ProduceOutcome::Respond(resp) => ResponseKind::Produce(resp),
             produce::ProduceOutcome::NoResponse => return Outcome::NoResponse,
             produce::ProduceOutcome::Close(reason) => return Outcome::Close(reason),

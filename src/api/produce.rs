@@ -11,6 +11,8 @@ use strand_storage::batch;
 use strand_storage::AppendOrigin;
 use uuid::Uuid;
 
+use std::collections::HashMap;
+
 use super::routing::{self, NotServed};
 use super::{error, str_bytes, RequestContext};
 use crate::replica::{PartitionError, Topic};
@@ -46,8 +48,51 @@ impl PartitionResult {
 /// Produce v10+ carries the current leader of a NOT_LEADER_OR_FOLLOWER partition (KIP-951).
 const CURRENT_LEADER_VERSION: i16 = 10;
 
-pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
+/// In a cluster, when this broker does not coordinate the request's
+/// transactional id: the coordinator's verdict for every partition carrying
+/// a transactional batch, asked once for the whole request (KIP-890 part 1).
+async fn verify_remotely(ctx: &RequestContext, req: &ProduceRequest) -> Option<HashMap<(String, i32), i16>> {
+    let id = req.transactional_id.as_ref()?.0.as_str();
+    if ctx.state.cluster().is_none() || ctx.state.txns().coordinates(id) {
+        return None;
+    }
+    let mut producer: Option<(i64, i16)> = None;
+    let mut partitions = Vec::new();
+    for td in &req.topic_data {
+        let name = if ctx.version >= 13 {
+            match ctx.state.replicas.topic_by_id(&td.topic_id) {
+                Some(t) => t.name.clone(),
+                None => routing::topic_name_for_id(&ctx.state, &td.topic_id).unwrap_or_default(),
+            }
+        } else {
+            td.name.0.to_string()
+        };
+        for pd in &td.partition_data {
+            let Some(records) = pd.records.as_ref() else { continue };
+            let Ok((header, _)) = batch::peek_header(records, 0) else { continue };
+            if header.is_transactional() && !header.is_control() {
+                let this = (header.producer_id(), header.producer_epoch());
+                if *producer.get_or_insert(this) == this {
+                    partitions.push((name.clone(), pd.index));
+                }
+            }
+        }
+    }
+    let (producer_id, epoch) = producer?;
+    let codes = match super::txn::verify_in_txn(&ctx.state, Some(id), producer_id, epoch, &partitions).await {
+        Ok(codes) => codes,
+        Err(e) => {
+            // Retriable for producers: they send the batch again.
+            tracing::warn!(transactional_id = id, error = %e.0, "cannot verify transactional batches");
+            vec![ResponseError::NotEnoughReplicas.code(); partitions.len()]
+        }
+    };
+    Some(partitions.into_iter().zip(codes).collect())
+}
+
+pub async fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
     let acks = req.acks;
+    let verified = verify_remotely(ctx, &req).await;
     let mut responses = Vec::with_capacity(req.topic_data.len());
     let mut first_error: Option<String> = None;
     let mut leaders_named = Vec::new();
@@ -80,7 +125,7 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
             } else {
                 match &topic {
                     None => PartitionResult::error(pd.index, unknown_code, None),
-                    Some(t) => produce_partition(ctx.state.txns(), t, pd.index, pd.records, acks),
+                    Some(t) => produce_partition(ctx.state.txns(), verified.as_ref(), t, pd.index, pd.records, acks),
                 }
             };
             if result.error_code != 0 && first_error.is_none() {
@@ -141,6 +186,7 @@ pub fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome {
 
 fn produce_partition(
     txns: &crate::txn::TxnCoordinator,
+    verified: Option<&HashMap<(String, i32), i16>>,
     topic: &Topic,
     index: i32,
     records: Option<bytes::Bytes>,
@@ -186,12 +232,21 @@ fn produce_partition(
                 if header.is_transactional() {
                     // KIP-890 part 1: the partition must be in the producer's open transaction.
                     // Until the coordinator has loaded that is unknown: ask the client to retry.
-                    if !txns.all_loaded() {
-                        return PartitionResult::error(index, ResponseError::NotLeaderOrFollower.code(), None);
-                    }
-                    if let Err(code) =
-                        txns.open.verify(header.producer_id(), header.producer_epoch(), &topic.name, index)
-                    {
+                    let verdict = match verified {
+                        // The coordinator is another broker: its answer, asked above.
+                        Some(map) => match map.get(&(topic.name.clone(), index)) {
+                            Some(0) => Ok(()),
+                            Some(code) => Err(*code),
+                            None => Err(ResponseError::InvalidTxnState.code()),
+                        },
+                        None => {
+                            if !txns.all_loaded() {
+                                return PartitionResult::error(index, ResponseError::NotLeaderOrFollower.code(), None);
+                            }
+                            txns.open.verify(header.producer_id(), header.producer_epoch(), &topic.name, index)
+                        }
+                    };
+                    if let Err(code) = verdict {
                         return PartitionResult::error(
                             index,
                             code,

@@ -87,9 +87,28 @@ pub async fn add_partitions(ctx: &RequestContext, req: AddPartitionsToTxnRequest
     AddPartitionsToTxnResponse::default().with_error_code(0).with_results_by_transaction(results_by_transaction)
 }
 
+/// The `__consumer_offsets` partition of `group_id`. In a cluster the
+/// topic's partition count comes from the image (the topic is created on
+/// first use); on a single node from the local coordinator.
+async fn offsets_partition(ctx: &RequestContext, group_id: &str) -> Result<i32, i16> {
+    let Some(cluster) = ctx.state.cluster() else { return Ok(ctx.state.groups().partition_for(group_id)) };
+    let s = &ctx.state.config().group;
+    let mut configs = std::collections::BTreeMap::new();
+    configs.insert("cleanup.policy".to_string(), "compact".to_string());
+    configs.insert("segment.bytes".to_string(), s.offsets_topic_segment_bytes.to_string());
+    let count = cluster
+        .ensure_topic(OFFSETS_TOPIC, s.offsets_topic_num_partitions, configs)
+        .await
+        .map_err(|_| ResponseError::CoordinatorNotAvailable.code())?;
+    Ok(crate::group::records::partition_for(group_id, count))
+}
+
 pub async fn add_offsets(ctx: &RequestContext, req: AddOffsetsToTxnRequest) -> AddOffsetsToTxnResponse {
     // The group's offsets partition joins the transaction like any other partition.
-    let partition = ctx.state.groups().partition_for(req.group_id.0.as_str());
+    let partition = match offsets_partition(ctx, req.group_id.0.as_str()).await {
+        Ok(p) => p,
+        Err(code) => return AddOffsetsToTxnResponse::default().with_error_code(code),
+    };
     let results = ctx
         .state
         .txns()
@@ -129,8 +148,24 @@ pub async fn txn_offset_commit(ctx: &RequestContext, req: TxnOffsetCommitRequest
     }
     let groups = ctx.state.groups();
     let partition = groups.partition_for(req.group_id.0.as_str());
-    // The group's offsets partition must have been added (AddOffsetsToTxn) first.
-    let verified = ctx.state.txns().open.verify(req.producer_id.0, req.producer_epoch, OFFSETS_TOPIC, partition);
+    // The group's offsets partition must have been added (AddOffsetsToTxn) first,
+    // as the transaction's coordinator (here or on another broker) knows.
+    let verified = match verify_in_txn(
+        &ctx.state,
+        Some(req.transactional_id.0.as_str()),
+        req.producer_id.0,
+        req.producer_epoch,
+        &[(OFFSETS_TOPIC.to_string(), partition)],
+    )
+    .await
+    {
+        Ok(codes) if codes.first() == Some(&0) => Ok(()),
+        Ok(codes) => Err(codes.first().copied().unwrap_or(ResponseError::InvalidTxnState.code())),
+        Err(e) => {
+            tracing::warn!(error = %e.0, "cannot verify a transactional offset commit");
+            Err(ResponseError::CoordinatorLoadInProgress.code())
+        }
+    };
     let errors = match verified {
         Err(code) => vec![code; offsets.len()],
         Ok(()) => {
@@ -255,10 +290,13 @@ pub async fn write_txn_markers(ctx: &RequestContext, req: WriteTxnMarkersRequest
             for p in &t.partition_indexes {
                 let known =
                     ctx.state.replicas.topic(t.name.0.as_str()).is_some_and(|topic| topic.partition(*p).is_some());
-                let error = if !known {
+                let routed = super::routing::check(&ctx.state, t.name.0.as_str(), *p);
+                let error = if let Err(n) = routed {
+                    n.code
+                } else if !known {
                     kafka_protocol::error::ResponseError::UnknownTopicOrPartition.code()
                 } else {
-                    crate::txn::write_marker(
+                    crate::txn::write_local_marker(
                         &ctx.state.replicas,
                         ctx.state.groups(),
                         (t.name.0.as_str(), *p),
@@ -279,4 +317,75 @@ pub async fn write_txn_markers(ctx: &RequestContext, req: WriteTxnMarkersRequest
         markers.push(WritableTxnMarkerResult::default().with_producer_id(m.producer_id).with_topics(topics));
     }
     WriteTxnMarkersResponse::default().with_markers(markers)
+}
+
+/// Why a transaction's coordinator could not answer a verification.
+#[derive(Debug)]
+pub struct VerifyUnavailable(pub String);
+
+/// KIP-890 part 1: for each partition, whether it is in producer
+/// `producer_id`/`epoch`'s open transaction (0) or the code saying why not.
+/// Asked of this broker's registry when it coordinates `transactional_id`
+/// (always on a single node), else of the coordinator broker with
+/// AddPartitionsToTxn v4 verify-only.
+pub async fn verify_in_txn(
+    state: &crate::broker::BrokerState,
+    transactional_id: Option<&str>,
+    producer_id: i64,
+    epoch: i16,
+    partitions: &[(String, i32)],
+) -> Result<Vec<i16>, VerifyUnavailable> {
+    let local = |state: &crate::broker::BrokerState| {
+        partitions
+            .iter()
+            .map(|(t, p)| state.txns().open.verify(producer_id, epoch, t, *p).err().unwrap_or(0))
+            .collect::<Vec<_>>()
+    };
+    let (Some(cluster), Some(id)) = (state.cluster(), transactional_id) else { return Ok(local(state)) };
+    if state.txns().coordinates(id) {
+        return Ok(local(state));
+    }
+    let image = cluster.image();
+    let Some(topic) = image.topic(crate::txn::TXN_TOPIC) else {
+        return Err(VerifyUnavailable(format!("{} does not exist yet", crate::txn::TXN_TOPIC)));
+    };
+    let index = crate::group::records::partition_for(id, topic.partitions.len() as i32);
+    let leader = topic.partitions.get(&index).map_or(-1, |p| p.leader);
+    if leader < 0 || leader == cluster.node_id {
+        return Err(VerifyUnavailable(format!("{}-{index} has no coordinator serving it", crate::txn::TXN_TOPIC)));
+    }
+    use kafka_protocol::messages::add_partitions_to_txn_request::{
+        AddPartitionsToTxnTopic, AddPartitionsToTxnTransaction,
+    };
+    let mut topics: Vec<AddPartitionsToTxnTopic> = Vec::new();
+    for (t, p) in partitions {
+        match topics.iter_mut().find(|x| x.name.0.as_str() == t) {
+            Some(x) => x.partitions.push(*p),
+            None => topics.push(
+                AddPartitionsToTxnTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(t.clone())))
+                    .with_partitions(vec![*p]),
+            ),
+        }
+    }
+    let req = AddPartitionsToTxnRequest::default().with_transactions(vec![AddPartitionsToTxnTransaction::default()
+        .with_transactional_id(TransactionalId(StrBytes::from_string(id.to_string())))
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(epoch)
+        .with_verify_only(true)
+        .with_topics(topics)]);
+    let resp = cluster.peers().call(&image, leader, &req, 4).await.map_err(|e| VerifyUnavailable(e.to_string()))?;
+    if resp.error_code != 0 {
+        return Err(VerifyUnavailable(format!("coordinator {leader} answered error {}", resp.error_code)));
+    }
+    let result = resp.results_by_transaction.iter().find(|r| r.transactional_id.0.as_str() == id);
+    Ok(partitions
+        .iter()
+        .map(|(t, p)| {
+            result
+                .and_then(|r| r.topic_results.iter().find(|x| x.name.0.as_str() == t))
+                .and_then(|x| x.results_by_partition.iter().find(|r| r.partition_index == *p))
+                .map_or(ResponseError::InvalidTxnState.code(), |r| r.partition_error_code)
+        })
+        .collect())
 }

@@ -12,6 +12,7 @@
 //! own file as before (see [`crate::metadata::store`]).
 
 pub mod lifecycle;
+pub mod peers;
 pub mod publisher;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -53,6 +54,7 @@ pub struct ClusterNode {
     pub heartbeat_interval: Duration,
     /// The producer-id block the controller gave this broker: (next, end).
     producer_ids: tokio::sync::Mutex<(i64, i64)>,
+    peers: peers::Peers,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,7 +85,13 @@ impl ClusterNode {
             broker_epoch: AtomicI64::new(-1),
             heartbeat_interval: Duration::from_millis(quorum.heartbeat_interval_ms),
             producer_ids: tokio::sync::Mutex::new((0, 0)),
+            peers: peers::Peers::new(node_id, &quorum.inter_broker_listener_name),
         }))
+    }
+
+    /// Connections to the other brokers, for inter-broker requests.
+    pub fn peers(&self) -> &peers::Peers {
+        &self.peers
     }
 
     /// The image as of the last metadata record applied here.

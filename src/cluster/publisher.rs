@@ -17,6 +17,7 @@ use crate::broker::BrokerState;
 use crate::group::OFFSETS_TOPIC;
 use crate::metadata::image::ClusterImage;
 use crate::replica::{ReplicaManager, TopicError};
+use crate::txn::TXN_TOPIC;
 
 pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: watch::Receiver<bool>) {
     let replicas = state.replicas.clone();
@@ -33,6 +34,10 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
             if let Some(t) = current.topic(OFFSETS_TOPIC) {
                 let hosted = replicas.topic(OFFSETS_TOPIC).map(|t| t.partitions.clone()).unwrap_or_default();
                 state.groups().host(&hosted, t.partitions.len() as i32);
+            }
+            if let Some(t) = current.topic(TXN_TOPIC) {
+                let hosted = replicas.topic(TXN_TOPIC).map(|t| t.partitions.clone()).unwrap_or_default();
+                state.txns().host(&hosted, t.partitions.len() as i32);
             }
             match result {
                 Ok(Ok(())) => {}

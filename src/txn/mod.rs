@@ -8,6 +8,15 @@
 //! partitions directly (a single node is the leader of all of them) and to
 //! `__consumer_offsets` through the group coordinator, which then makes the
 //! transaction's offsets visible or drops them.
+//!
+//! In a cluster, `__transaction_state` is a topic of the metadata image
+//! spread over the brokers; each broker runs the shards of the partitions it
+//! hosts ([`TxnCoordinator::host`]) and answers NOT_COORDINATOR for the
+//! others. Markers for partitions led elsewhere go to their leader as
+//! WriteTxnMarkers ([`MarkerWriter`]), at the coordinator epoch of the
+//! shard's partition (its leader epoch), and partitions led elsewhere verify
+//! transactional batches with the coordinator by AddPartitionsToTxn
+//! verify-only.
 
 pub mod records;
 mod shard;
@@ -119,7 +128,7 @@ pub struct ListedTxn {
 /// owns them and applies or drops the transaction's offsets. A partition that
 /// no longer exists has nothing to mark. Used by the coordinator's second
 /// phase and by WriteTxnMarkers.
-pub async fn write_marker(
+pub async fn write_local_marker(
     replicas: &ReplicaManager,
     groups: &GroupCoordinator,
     marker: (&str, i32),
@@ -146,10 +155,132 @@ pub async fn write_marker(
     }
 }
 
+/// Writes transaction markers wherever the partitions are: this broker's
+/// logs (and group coordinator), or in a cluster the partition's leader.
+#[derive(Clone)]
+pub struct MarkerWriter {
+    pub replicas: Arc<ReplicaManager>,
+    pub groups: Arc<GroupCoordinator>,
+    pub cluster: Option<Arc<crate::cluster::ClusterNode>>,
+}
+
+/// How long a marker waits for its partition's leader (a fenced broker
+/// leaves its partitions without one until it returns).
+const MARKER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl MarkerWriter {
+    /// A producer id never handed out before: from the cluster's blocks in a
+    /// cluster, this broker's own otherwise.
+    pub async fn allocate_producer_id(&self) -> Result<i64, String> {
+        match &self.cluster {
+            Some(c) => c.allocate_producer_id().await.map_err(|e| e.to_string()),
+            None => self.replicas.allocate_producer_id().map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Writes one COMMIT/ABORT marker, retrying while the partition moves
+    /// or has no leader; never reports a marker done that was not written.
+    pub async fn write(
+        &self,
+        marker: (&str, i32),
+        producer_id: i64,
+        epoch: i16,
+        commit: bool,
+        coordinator_epoch: i32,
+    ) -> Result<(), i16> {
+        let Some(cluster) = &self.cluster else {
+            return write_local_marker(
+                &self.replicas,
+                &self.groups,
+                marker,
+                producer_id,
+                epoch,
+                commit,
+                coordinator_epoch,
+            )
+            .await;
+        };
+        let (topic, partition) = marker;
+        let deadline = tokio::time::Instant::now() + MARKER_DEADLINE;
+        loop {
+            let mut images = cluster.image_watch();
+            let leader = match cluster.leadership(topic, partition) {
+                crate::cluster::Leadership::Here { .. } => {
+                    return write_local_marker(
+                        &self.replicas,
+                        &self.groups,
+                        marker,
+                        producer_id,
+                        epoch,
+                        commit,
+                        coordinator_epoch,
+                    )
+                    .await;
+                }
+                // Deleted: nothing to mark, as on a single node.
+                crate::cluster::Leadership::Unknown => return Ok(()),
+                crate::cluster::Leadership::Elsewhere { leader, .. } => leader,
+            };
+            if leader >= 0 {
+                match send_marker(cluster, leader, marker, producer_id, epoch, commit, coordinator_epoch).await {
+                    Ok(0) => return Ok(()),
+                    Ok(code) if code == ResponseError::NotLeaderOrFollower.code() => {}
+                    Ok(code) if code == ResponseError::UnknownTopicOrPartition.code() => {}
+                    Ok(code) => return Err(code),
+                    Err(e) => {
+                        tracing::warn!(topic, partition, leader, error = %e, "transaction marker not delivered; retrying")
+                    }
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::error!(topic, partition, leader, "transaction marker: no leader took it in time");
+                return Err(ResponseError::CoordinatorNotAvailable.code());
+            }
+            // Wait for the partition to move, or a short while.
+            let _ = tokio::time::timeout(std::time::Duration::from_millis(200), images.changed()).await;
+        }
+    }
+}
+
+/// One marker as a WriteTxnMarkers request to `leader`: its error code.
+async fn send_marker(
+    cluster: &crate::cluster::ClusterNode,
+    leader: i32,
+    (topic, partition): (&str, i32),
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+) -> Result<i16, crate::cluster::peers::PeerError> {
+    use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
+    use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+    let req = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+        .with_producer_id(ProducerId(producer_id))
+        .with_producer_epoch(epoch)
+        .with_transaction_result(commit)
+        .with_coordinator_epoch(coordinator_epoch)
+        .with_topics(vec![WritableTxnMarkerTopic::default()
+            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_string(topic.to_string())))
+            .with_partition_indexes(vec![partition])])]);
+    let resp = cluster.peers().call(&cluster.image(), leader, &req, 1).await?;
+    let code = resp
+        .markers
+        .iter()
+        .flat_map(|m| m.topics.iter())
+        .flat_map(|t| t.partitions.iter())
+        .find(|p| p.partition_index == partition)
+        .map_or(ResponseError::UnknownServerError.code(), |p| p.error_code);
+    Ok(code)
+}
+
 pub struct TxnCoordinator {
-    shards: Vec<ShardHandle<Command>>,
+    /// One slot per `__transaction_state` partition: the shard where this
+    /// broker coordinates it. Empty until the topic exists.
+    shards: RwLock<Vec<Option<ShardHandle<Command>>>>,
     pub open: Arc<OpenTransactions>,
     pub settings: TxnSettings,
+    markers: MarkerWriter,
+    shutdown: watch::Receiver<bool>,
 }
 
 fn not_available() -> i16 {
@@ -173,54 +304,93 @@ impl TxnCoordinator {
                 replicas.create_topic(TXN_TOPIC, settings.num_partitions, 1, configs, false)?
             }
         };
-        let open = Arc::new(OpenTransactions::default());
-        let shards = topic
-            .partitions
-            .iter()
-            .map(|partition| {
-                let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
-                let loaded = Arc::new(AtomicBool::new(false));
-                let shard = shard::Shard::new(
-                    partition.clone(),
-                    replicas.clone(),
-                    groups.clone(),
-                    open.clone(),
-                    settings.clone(),
-                    loaded.clone(),
-                );
-                tokio::spawn(shard.run(rx, shutdown.clone()));
-                ShardHandle { tx, loaded }
-            })
-            .collect();
-        Ok(TxnCoordinator { shards, open, settings })
+        let coordinator = TxnCoordinator::empty(
+            MarkerWriter { replicas: replicas.clone(), groups, cluster: None },
+            settings,
+            shutdown,
+        );
+        coordinator.host(&topic.partitions, topic.partition_count);
+        Ok(coordinator)
     }
 
-    /// A coordinator with no shards: every request gets
-    /// COORDINATOR_NOT_AVAILABLE. What a multi-node cluster runs until the
-    /// coordinators are placed across its brokers.
-    pub fn unavailable(settings: TxnSettings) -> TxnCoordinator {
-        TxnCoordinator { shards: Vec::new(), open: Arc::new(OpenTransactions::default()), settings }
-    }
-
-    /// Whether this broker coordinates any transactions at all.
-    pub fn is_available(&self) -> bool {
-        !self.shards.is_empty()
-    }
-
-    fn shard(&self, transactional_id: &str) -> Option<&ShardHandle<Command>> {
-        if self.shards.is_empty() {
-            return None;
+    /// A coordinator with no shards yet (a cluster node before
+    /// `__transaction_state` exists): requests get COORDINATOR_NOT_AVAILABLE.
+    pub fn empty(markers: MarkerWriter, settings: TxnSettings, shutdown: watch::Receiver<bool>) -> TxnCoordinator {
+        TxnCoordinator {
+            shards: RwLock::new(Vec::new()),
+            open: Arc::new(OpenTransactions::default()),
+            settings,
+            markers,
+            shutdown,
         }
-        let p = crate::group::records::partition_for(transactional_id, self.shards.len() as i32);
-        self.shards.get(p as usize)
+    }
+
+    /// Runs the shards of `hosted` (partitions of a `partition_count`-partition
+    /// `__transaction_state`) and stops those of partitions no longer hosted.
+    pub fn host(&self, hosted: &[Arc<crate::replica::Partition>], partition_count: i32) {
+        let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
+        shards.resize_with(partition_count.max(0) as usize, || None);
+        let wanted: HashSet<i32> = hosted.iter().map(|p| p.index).collect();
+        for (i, slot) in shards.iter_mut().enumerate() {
+            if slot.is_some() && !wanted.contains(&(i as i32)) {
+                *slot = None;
+                tracing::info!(partition = i, "transaction coordinator shard unloaded");
+            }
+        }
+        for partition in hosted {
+            let Some(slot) = shards.get_mut(partition.index as usize) else { continue };
+            if slot.is_some() {
+                continue;
+            }
+            let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
+            let loaded = Arc::new(AtomicBool::new(false));
+            let shard = shard::Shard::new(
+                partition.clone(),
+                self.markers.clone(),
+                self.open.clone(),
+                self.settings.clone(),
+                loaded.clone(),
+            );
+            tokio::spawn(shard.run(rx, self.shutdown.clone()));
+            *slot = Some(ShardHandle { tx, loaded });
+        }
+    }
+
+    /// Whether `__transaction_state` exists here (its partition count is known).
+    pub fn is_available(&self) -> bool {
+        !self.shards.read().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// The shard for `transactional_id`: NOT_COORDINATOR when another broker
+    /// coordinates it, COORDINATOR_NOT_AVAILABLE before the topic exists.
+    fn shard(&self, transactional_id: &str) -> Result<ShardHandle<Command>, i16> {
+        let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
+        if shards.is_empty() {
+            return Err(not_available());
+        }
+        let p = crate::group::records::partition_for(transactional_id, shards.len() as i32);
+        shards.get(p as usize).cloned().flatten().ok_or(ResponseError::NotCoordinator.code())
+    }
+
+    /// Whether this broker coordinates `transactional_id`.
+    pub fn coordinates(&self, transactional_id: &str) -> bool {
+        self.shard(transactional_id).is_ok()
+    }
+
+    fn hosted(&self) -> Vec<ShardHandle<Command>> {
+        self.shards.read().unwrap_or_else(|e| e.into_inner()).iter().flatten().cloned().collect()
     }
 
     pub fn all_loaded(&self) -> bool {
-        self.shards.iter().all(|s| s.is_loaded())
+        self.hosted().iter().all(|s| s.is_loaded())
+    }
+
+    pub fn markers(&self) -> &MarkerWriter {
+        &self.markers
     }
 
     async fn ask<T>(&self, id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, i16> {
-        let shard = self.shard(id).ok_or_else(not_available)?;
+        let shard = self.shard(id)?;
         if !shard.is_loaded() {
             return Err(ResponseError::CoordinatorLoadInProgress.code());
         }
@@ -291,6 +461,6 @@ impl TxnCoordinator {
 
     /// Every transaction of every loaded shard; COORDINATOR_LOAD_IN_PROGRESS if any is loading.
     pub async fn list(&self) -> (i16, Vec<ListedTxn>) {
-        crate::shard::list_all(&self.shards, Command::List).await
+        crate::shard::list_all(&self.hosted(), Command::List).await
     }
 }

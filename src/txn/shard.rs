@@ -21,7 +21,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::records::{self, TxnState, TxnValue};
 use super::{DescribedTxn, ListedTxn, OpenTransactions, TxnSettings};
-use crate::group::GroupCoordinator;
 use crate::replica::{Partition, ReplicaManager};
 use crate::util::now_ms;
 
@@ -94,7 +93,7 @@ impl TxnMeta {
 pub struct Shard {
     partition: Arc<Partition>,
     replicas: Arc<ReplicaManager>,
-    groups: Arc<GroupCoordinator>,
+    markers: super::MarkerWriter,
     open: Arc<OpenTransactions>,
     settings: TxnSettings,
     loaded: Arc<AtomicBool>,
@@ -104,13 +103,22 @@ pub struct Shard {
 impl Shard {
     pub fn new(
         partition: Arc<Partition>,
-        replicas: Arc<ReplicaManager>,
-        groups: Arc<GroupCoordinator>,
+        markers: super::MarkerWriter,
         open: Arc<OpenTransactions>,
         settings: TxnSettings,
         loaded: Arc<AtomicBool>,
     ) -> Self {
-        Shard { partition, replicas, groups, open, settings, loaded, txns: HashMap::new() }
+        Shard { partition, replicas: markers.replicas.clone(), markers, open, settings, loaded, txns: HashMap::new() }
+    }
+
+    /// The epoch markers are written at: this shard's partition's leader
+    /// epoch in a cluster (it grows whenever coordination moves), the fixed
+    /// single-node epoch otherwise.
+    fn coordinator_epoch(&self) -> i32 {
+        match self.markers.cluster.as_ref().map(|c| c.leadership(super::TXN_TOPIC, self.partition.index)) {
+            Some(crate::cluster::Leadership::Here { leader_epoch }) => leader_epoch.max(COORDINATOR_EPOCH),
+            _ => COORDINATOR_EPOCH,
+        }
     }
 
     pub async fn run(mut self, mut rx: mpsc::Receiver<Command>, mut shutdown: watch::Receiver<bool>) {
@@ -252,7 +260,7 @@ impl Shard {
         }
         let now = now_ms();
         let Some(mut meta) = self.txns.get(id).cloned() else {
-            let pid = match self.replicas.allocate_producer_id() {
+            let pid = match self.markers.allocate_producer_id().await {
                 Ok(p) => p,
                 Err(_) => return (code(ResponseError::CoordinatorNotAvailable), -1, -1),
             };
@@ -291,7 +299,7 @@ impl Shard {
         }
         // The new incarnation gets a fresh epoch; a new producer id when epochs run out.
         if meta.epoch >= i16::MAX - 2 {
-            match self.replicas.allocate_producer_id() {
+            match self.markers.allocate_producer_id().await {
                 Ok(p) => {
                     meta.producer_id = p;
                     meta.epoch = 0;
@@ -354,12 +362,8 @@ impl Shard {
         if matches!(meta.state, TxnState::PrepareCommit | TxnState::PrepareAbort | TxnState::PrepareEpochFence) {
             return all(code(ResponseError::ConcurrentTransactions));
         }
-        let topics = self.replicas.topics();
-        let unknown: HashSet<(String, i32)> = partitions
-            .iter()
-            .filter(|(t, p)| topics.by_name.get(t).and_then(|topic| topic.partition(*p)).is_none())
-            .cloned()
-            .collect();
+        let unknown: HashSet<(String, i32)> =
+            partitions.iter().filter(|(t, p)| !self.replicas.partition_exists(t, *p)).cloned().collect();
         if !unknown.is_empty() {
             return partitions
                 .iter()
@@ -424,16 +428,8 @@ impl Shard {
         let Some(meta) = self.txns.get(id).cloned() else { return };
         let mut failed = false;
         for (topic, p) in &meta.partitions {
-            let marked = super::write_marker(
-                &self.replicas,
-                &self.groups,
-                (topic, *p),
-                meta.producer_id,
-                meta.epoch,
-                commit,
-                COORDINATOR_EPOCH,
-            )
-            .await;
+            let coordinator_epoch = self.coordinator_epoch();
+            let marked = self.markers.write((topic, *p), meta.producer_id, meta.epoch, commit, coordinator_epoch).await;
             if let Err(e) = marked {
                 tracing::error!(transactional_id = id, topic, partition = p, error = e, "transaction marker failed");
                 failed = true;
