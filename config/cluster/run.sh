@@ -14,6 +14,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 cargo build --release
 bin="${CARGO_TARGET_DIR:-target}/release/strand"
 nodes=(node1 node2 node3)
+# No colour codes in the log lines unless they go to a terminal.
+if [[ ! -t 1 ]]; then export NO_COLOR=1; fi
 pids=()
 stopping=0
 
