@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod child;
+pub mod child_cluster;
 pub mod cluster;
 
 use std::future::Future;
