@@ -246,7 +246,7 @@ impl Broker {
         }
         tracing::info!(
             node_id = config.node_id,
-            cluster_id = %state.replicas.cluster_id,
+            cluster_id = %state.cluster_id(),
             log_dir = %log_dir.display(),
             listeners = ?addrs,
             startup_ms = started.elapsed().as_millis() as u64,

@@ -230,7 +230,8 @@ async fn three_processes_crash_fail_over_and_restart() {
     let full_restart = full.elapsed();
     let md = cluster.metadata(2, None).await.expect("Metadata");
     assert_eq!(md.cluster_id.as_ref().map(|c| c.to_string()), Some(cluster_id), "cluster id after the full restart");
-    let names: BTreeSet<String> = md.topics.iter().filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect();
+    let names: BTreeSet<String> =
+        md.topics.iter().filter(|t| !t.is_internal).filter_map(|t| t.name.as_ref().map(|n| n.0.to_string())).collect();
     assert_eq!(names, BTreeSet::from(["after-failover".to_string(), "spread".to_string()]));
     verify(&cluster.bootstrap(2), "spread", PARTITIONS, &acked).await;
     verify(&cluster.bootstrap(2), "after-failover", 2, &after).await;
