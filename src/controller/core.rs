@@ -131,13 +131,24 @@ pub struct ControllerCore {
     image: ClusterImage,
     /// Last heartbeat per broker id (active controller only).
     last_heartbeat_ms: HashMap<i32, u64>,
+    /// Brokers that registered or heartbeated to this active controller.
+    /// New partitions go to these: a new controller gives every broker a
+    /// fresh session, so a broker that died just before the failover still
+    /// counts as unfenced until that session runs out.
+    heard_from: std::collections::HashSet<i32>,
     /// Proposals not yet committed, by proposal id.
     pending: BTreeMap<Uuid, Pending>,
 }
 
 impl ControllerCore {
     pub fn new(settings: CoreSettings, image: ClusterImage) -> ControllerCore {
-        ControllerCore { settings, image, last_heartbeat_ms: HashMap::new(), pending: BTreeMap::new() }
+        ControllerCore {
+            settings,
+            image,
+            last_heartbeat_ms: HashMap::new(),
+            heard_from: Default::default(),
+            pending: BTreeMap::new(),
+        }
     }
 
     pub fn image(&self) -> &ClusterImage {
@@ -174,6 +185,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Registered { epoch: b.epoch });
                 }
                 self.last_heartbeat_ms.insert(*broker_id, now_ms);
+                self.heard_from.insert(*broker_id);
                 let mut records = vec![MetadataRecord::RegisterBroker {
                     broker_id: *broker_id,
                     incarnation_id: *incarnation_id,
@@ -191,6 +203,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Error(ControllerError::StaleBrokerEpoch(*broker_id)));
                 };
                 self.last_heartbeat_ms.insert(*broker_id, now_ms);
+                self.heard_from.insert(*broker_id);
                 let mut records = Vec::new();
                 if *want_shutdown {
                     if !b.in_controlled_shutdown {
@@ -215,8 +228,7 @@ impl ControllerCore {
                 if *partitions < 1 {
                     return Self::reply(id, Reply::Error(ControllerError::InvalidPartitions(*partitions)));
                 }
-                let candidates: Vec<Candidate> =
-                    self.image.active_brokers().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+                let candidates = self.placement_candidates();
                 let topic_id = Uuid::new_v4();
                 let start = (topic_id.as_u128() % candidates.len().max(1) as u128) as usize;
                 let placed = match placement::place(&candidates, 0, *partitions, *replication_factor, start) {
@@ -260,8 +272,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Error(e));
                 }
                 let factor = t.partitions.values().next().map_or(1, |p| p.replicas.len()) as i16;
-                let candidates: Vec<Candidate> =
-                    self.image.active_brokers().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+                let candidates = self.placement_candidates();
                 let start = (t.id.as_u128() % candidates.len().max(1) as u128) as usize;
                 let placed = match placement::place(&candidates, current, *count - current, factor, start) {
                     Ok(p) => p,
@@ -344,6 +355,19 @@ impl ControllerCore {
             }
         }
         out
+    }
+
+    /// Unfenced brokers that have been heard from since this controller
+    /// became active (all unfenced ones if none has been yet).
+    fn placement_candidates(&self) -> Vec<Candidate> {
+        let active: Vec<Candidate> =
+            self.image.active_brokers().map(|b| Candidate { id: b.id, rack: b.rack.clone() }).collect();
+        let heard: Vec<Candidate> = active.iter().filter(|c| self.heard_from.contains(&c.id)).cloned().collect();
+        if heard.is_empty() {
+            active
+        } else {
+            heard
+        }
     }
 
     fn leads_nothing(&self, broker: i32) -> bool {
@@ -501,6 +525,29 @@ mod tests {
             0,
         );
         assert!(matches!(too_many, Reply::Error(ControllerError::Placement(_))), "{too_many:?}");
+    }
+
+    #[test]
+    fn a_new_active_controller_places_only_on_brokers_it_has_heard_from() {
+        let mut h = Harness::new();
+        let epochs: Vec<i64> = (1..=3).map(|b| h.register(b, 0)).collect();
+        // Failover: a fresh core over the same image; broker 3 died just before.
+        h.core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000 }, h.core.image().clone());
+        for b in [1, 2] {
+            let hb = Request::Heartbeat {
+                broker_id: b,
+                epoch: epochs[b as usize - 1],
+                applied_offset: h.offset,
+                want_shutdown: false,
+            };
+            assert!(matches!(h.call(hb, 10), Reply::Heartbeat { fenced: false, .. }));
+        }
+        let create =
+            Request::CreateTopic { name: "n".into(), partitions: 4, replication_factor: 1, configs: BTreeMap::new() };
+        assert!(matches!(h.call(create, 10), Reply::TopicCreated { .. }));
+        let leaders: std::collections::BTreeSet<i32> =
+            h.core.image().topic("n").unwrap().partitions.values().map(|p| p.leader).collect();
+        assert_eq!(leaders, [1, 2].into_iter().collect(), "nothing placed on the silent broker 3");
     }
 
     #[test]
