@@ -164,7 +164,50 @@ async fn three_brokers_spread_serve_and_reroute() {
     let err = create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.unwrap_err();
     assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
 
+    describe_quorum_and_features(&cluster).await;
     cluster.shutdown().await;
+}
+
+/// DescribeQuorum (kafka-metadata-quorum) on a broker that is not the active
+/// controller is answered with the leader's view; ApiVersions carries the
+/// cluster's metadata.version (kafka-features describe).
+async fn describe_quorum_and_features(cluster: &TestCluster) {
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    let active = cluster.active_controller().expect("an active controller");
+    let other = [1, 2, 3].into_iter().find(|b| *b != active).unwrap();
+    let mut conn = RawConn::connect(cluster.addr(other)).await;
+    let req = kafka_protocol::messages::DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+        .with_topic_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("__cluster_metadata")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    let resp = conn.call(&req, 2).await;
+    assert_eq!(resp.error_code, 0, "{:?}", resp.error_message);
+    let p = &resp.topics[0].partitions[0];
+    assert_eq!((p.error_code, p.leader_id.0), (0, active));
+    assert!(p.leader_epoch >= 1 && p.high_watermark > 1, "{p:?}");
+    let ids: Vec<i32> = p.current_voters.iter().map(|v| v.replica_id.0).collect();
+    assert_eq!(ids, vec![1, 2, 3]);
+    let leader_end = p.current_voters.iter().find(|v| v.replica_id.0 == active).unwrap().log_end_offset;
+    assert!(leader_end >= p.high_watermark, "leader end {leader_end} below HW {}", p.high_watermark);
+    for v in &p.current_voters {
+        // Every follower has answered the leader by now (heartbeats every tick).
+        assert!(v.log_end_offset > 0 && v.log_end_offset <= leader_end, "{v:?}");
+        assert!(v.last_fetch_timestamp > 0 && v.last_caught_up_timestamp > 0, "{v:?}");
+    }
+    assert_eq!(resp.nodes.len(), 3);
+    assert!(resp.nodes.iter().all(|n| n.listeners[0].name.as_str() == "CONTROLLER"));
+
+    // Anything but __cluster_metadata-0 is refused with a clear error.
+    let bad = kafka_protocol::messages::DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+        .with_topic_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("spread")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    let resp = conn.call(&bad, 2).await;
+    assert_eq!(resp.error_code, 42, "INVALID_REQUEST");
+
+    let versions = conn.call(&kafka_protocol::messages::ApiVersionsRequest::default(), 3).await;
+    assert!(versions.api_keys.iter().any(|k| k.api_key == 55 && k.max_version == 2), "DescribeQuorum advertised");
+    let mv = versions.finalized_features.iter().find(|f| f.name.as_str() == "metadata.version").expect("finalized");
+    assert_eq!((mv.min_version_level, mv.max_version_level), (27, 27));
+    assert!(versions.finalized_features_epoch > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

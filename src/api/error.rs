@@ -116,6 +116,7 @@ pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i
             ResponseError::InvalidPartitions
         }
         ControllerError::Conflict => ResponseError::RequestTimedOut,
+        ControllerError::NotForCore(_) => ResponseError::UnknownServerError,
     };
     (r.code(), e.to_string())
 }

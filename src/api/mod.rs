@@ -14,6 +14,7 @@ pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 pub mod producer;
+pub mod quorum;
 pub mod response;
 pub mod routing;
 pub mod txn;
@@ -70,13 +71,14 @@ pub async fn handle(
     let Ok(api_key) = ApiKey::try_from(api_key_raw) else {
         return Outcome::Close(format!("unknown API key {api_key_raw}"));
     };
-    if !versions::is_supported(api_key, version) {
+    let in_cluster = state.cluster().is_some();
+    if !versions::is_supported(api_key, version, in_cluster) {
         if api_key == ApiKey::ApiVersions {
             // KIP-511: answer with v0 and UNSUPPORTED_VERSION so the client can retry with a version we list.
-            let body = api_versions::unsupported_version_response();
+            let body = api_versions::unsupported_version_response(in_cluster);
             return encode(correlation_id, 0, ApiKey::ApiVersions, 0, &ResponseKind::ApiVersions(body), None);
         }
-        return Outcome::Close(match versions::supported_range(api_key) {
+        return Outcome::Close(match versions::supported_range(api_key, in_cluster) {
             Some((lo, hi)) => format!("{api_key:?} version {version} is not supported (supported: {lo}..={hi})"),
             None => format!("{api_key:?} is not supported"),
         });
@@ -132,6 +134,7 @@ pub async fn handle(
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
+        RequestKind::DescribeQuorum(r) => ResponseKind::DescribeQuorum(quorum::describe_quorum(&ctx, r).await),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),
         RequestKind::FindCoordinator(r) => ResponseKind::FindCoordinator(group::find_coordinator(&ctx, r).await),
         RequestKind::JoinGroup(r) => ResponseKind::JoinGroup(group::join_group(&ctx, r).await),
@@ -160,7 +163,7 @@ pub async fn handle(
             ResponseKind::IncrementalAlterConfigs(configs::incremental_alter(&ctx, r).await)
         }
         other => {
-            // versions::SUPPORTED and this match must agree; a mismatch is a bug, not bad input.
+            // versions::advertised and this match must agree; a mismatch is a bug, not bad input.
             return Outcome::Close(format!("no handler for {:?}", std::mem::discriminant(&other)));
         }
     };

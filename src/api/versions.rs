@@ -45,14 +45,28 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeProducers, 0, 0),
 ];
 
-/// The supported range for `key`, if it is served at all.
-pub fn supported_range(key: ApiKey) -> Option<(i16, i16)> {
-    SUPPORTED.iter().find(|(k, _, _)| *k == key).map(|(_, lo, hi)| (*lo, *hi))
+/// Served only by a node of a multi-node cluster: a single node has no
+/// metadata quorum to describe.
+pub const CLUSTER_ONLY: &[(ApiKey, i16, i16)] = &[(ApiKey::DescribeQuorum, 0, 2)];
+
+/// Everything this broker serves: [`SUPPORTED`], plus [`CLUSTER_ONLY`] in a cluster.
+pub fn advertised(cluster: bool) -> impl Iterator<Item = &'static (ApiKey, i16, i16)> {
+    SUPPORTED.iter().chain(CLUSTER_ONLY.iter().filter(move |_| cluster))
 }
 
-pub fn is_supported(key: ApiKey, version: i16) -> bool {
-    supported_range(key).is_some_and(|(lo, hi)| version >= lo && version <= hi)
+/// The supported range for `key`, if it is served at all.
+pub fn supported_range(key: ApiKey, cluster: bool) -> Option<(i16, i16)> {
+    advertised(cluster).find(|(k, _, _)| *k == key).map(|(_, lo, hi)| (*lo, *hi))
 }
+
+pub fn is_supported(key: ApiKey, version: i16, cluster: bool) -> bool {
+    supported_range(key, cluster).is_some_and(|(lo, hi)| version >= lo && version <= hi)
+}
+
+/// The `metadata.version` feature level a cluster runs at (Kafka 4.1-IV1):
+/// the only level Strand implements, so it is both the supported range and
+/// the finalized level.
+pub const METADATA_VERSION: i16 = 27;
 
 #[cfg(test)]
 mod tests {
@@ -63,10 +77,17 @@ mod tests {
     /// Every advertised range must be one the codec can encode and decode.
     #[test]
     fn advertised_ranges_are_within_the_codec() {
-        for (key, lo, hi) in SUPPORTED {
+        for (key, lo, hi) in advertised(true) {
             let codec = key.valid_versions();
             assert!(*lo >= codec.min && *hi <= codec.max, "{key:?} {lo}..{hi} outside {codec}");
         }
         assert_eq!(ApiVersionsRequest::VERSIONS.max, 4);
+    }
+
+    #[test]
+    fn cluster_only_apis_are_not_advertised_by_a_single_node() {
+        assert!(!is_supported(ApiKey::DescribeQuorum, 2, false));
+        assert!(is_supported(ApiKey::DescribeQuorum, 2, true));
+        assert!(is_supported(ApiKey::Produce, 9, false));
     }
 }

@@ -60,6 +60,9 @@ pub enum Request {
     AllocateProducerIds {
         broker_id: i32,
     },
+    /// DescribeQuorum: answered by the driver, which holds the raft state;
+    /// it never reaches the core's decisions.
+    DescribeQuorum,
 }
 
 /// A reply, sent once the request's records are committed and applied.
@@ -72,6 +75,7 @@ pub enum Reply {
     PartitionsCreated,
     ConfigsAltered,
     ProducerIds { start: i64, size: i64 },
+    Quorum(super::describe::QuorumDescription),
     Error(ControllerError),
 }
 
@@ -92,6 +96,8 @@ pub enum ControllerError {
     PartitionsCanOnlyGrow { topic: String, current: i32, requested: i32 },
     #[error("the request's records were overtaken by another change; retry")]
     Conflict,
+    #[error("{0} is answered by the controller's driver, not its core")]
+    NotForCore(String),
 }
 
 pub type RequestId = u64;
@@ -307,6 +313,9 @@ impl ControllerCore {
                     .collect();
                 self.propose(id, request, records)
             }
+            Request::DescribeQuorum => {
+                Self::reply(id, Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())))
+            }
             Request::AllocateProducerIds { broker_id } => {
                 // Conditional on the next free id: two racing allocations
                 // cannot both apply, and the loser is told to retry.
@@ -434,6 +443,7 @@ impl ControllerCore {
                 _ => Reply::Error(ControllerError::Conflict),
             },
             Request::AlterConfigs { .. } => Reply::ConfigsAltered,
+            Request::DescribeQuorum => Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())),
             Request::AllocateProducerIds { .. } => match batch.records.first() {
                 Some(MetadataRecord::ProducerIds { start, size, .. }) if first_ok => {
                     Reply::ProducerIds { start: *start, size: *size }

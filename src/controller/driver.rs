@@ -30,6 +30,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::core::{ControllerCore, CoreSettings, Effect, Input as CoreInput, Reply, Request, RequestId};
+use super::describe::{wall_clock_ms, FollowerContact, QuorumDescription, ReplicaDescription};
 use super::disk::DiskStore;
 use super::node::{is_app_data, LeaderChange, ProposeError, QuorumConfig, QuorumNode};
 use super::store::StoreError;
@@ -192,6 +193,7 @@ impl Controller {
             retry: Vec::new(),
             next_request: 0,
             started: Instant::now(),
+            contact: HashMap::new(),
         };
         let thread = std::thread::Builder::new()
             .name("strand-controller".into())
@@ -376,6 +378,8 @@ struct Run {
     retry: Vec<(RecordBatch, Instant, Option<RequestId>)>,
     next_request: RequestId,
     started: Instant,
+    /// Followers' last responses, for DescribeQuorum (kept while leader).
+    contact: HashMap<u64, FollowerContact>,
 }
 
 impl Run {
@@ -396,8 +400,17 @@ impl Run {
                     }
                 }
                 Input::Raft(msg) => {
+                    let from = msg.from;
+                    let is_response = matches!(
+                        msg.get_msg_type(),
+                        MessageType::MsgAppendResponse | MessageType::MsgHeartbeatResponse
+                    );
                     // Errors mean raft ignored the message (e.g. from a stale peer).
                     let _ = self.node.step(*msg);
+                    if is_response && self.node.is_leader() {
+                        let caught_up = self.node.matched(from).is_some_and(|m| m >= self.node.last_index());
+                        self.contact.entry(from).or_default().heard(wall_clock_ms(), caught_up);
+                    }
                 }
                 Input::Unreachable(id) => self.node.report_unreachable(id),
                 Input::Request(request, reply) => self.request(request, reply),
@@ -418,6 +431,10 @@ impl Run {
         if !self.node.is_leader() {
             let leader = self.node.leader_id().map(|l| l as i32);
             let _ = reply.send(Err(DriverError::NotController { leader }));
+            return;
+        }
+        if request == Request::DescribeQuorum {
+            let _ = reply.send(Ok((Reply::Quorum(self.describe_quorum()), self.core.image().offset)));
             return;
         }
         self.next_request += 1;
@@ -519,6 +536,44 @@ impl Run {
         Ok(())
     }
 
+    /// The quorum as this leader sees it (see [`super::describe`]).
+    fn describe_quorum(&self) -> QuorumDescription {
+        let now = wall_clock_ms();
+        let me = self.node.id();
+        let voters = self
+            .settings
+            .voters
+            .iter()
+            .map(|v| {
+                let id = v.id as u64;
+                let end = |index: u64| index as i64 + 1;
+                if id == me {
+                    return ReplicaDescription {
+                        replica_id: v.id,
+                        log_end_offset: end(self.node.last_index()),
+                        last_fetch_ms: now,
+                        last_caught_up_ms: now,
+                    };
+                }
+                let contact = self.contact.get(&id).copied().unwrap_or_default();
+                ReplicaDescription {
+                    replica_id: v.id,
+                    // raft-rs knows a follower's match index once it answered.
+                    log_end_offset: self.node.matched(id).filter(|m| *m > 0).map_or(-1, end),
+                    last_fetch_ms: contact.last_fetch_ms.unwrap_or(-1),
+                    last_caught_up_ms: contact.last_caught_up_ms.unwrap_or(-1),
+                }
+            })
+            .collect();
+        QuorumDescription {
+            leader_id: me as i32,
+            leader_epoch: self.node.term() as i32,
+            high_watermark: self.node.commit_index() as i64 + 1,
+            voters,
+            observers: Vec::new(),
+        }
+    }
+
     fn core_settings(&self) -> CoreSettings {
         CoreSettings { session_timeout_ms: self.settings.session_timeout_ms }
     }
@@ -533,15 +588,26 @@ impl Run {
             let _ = w.send(Err(DriverError::NotController { leader }));
         }
         self.retry.clear();
+        self.contact.clear();
         if is_leader {
             // A new active controller: fresh broker sessions, decisions from
             // the committed image.
             self.core = ControllerCore::new(self.core_settings(), self.core.image().clone());
+            // The first leader of a new cluster creates its id and the
+            // metadata.version it runs at (also added to a cluster created
+            // before feature levels were recorded).
+            let mut records = Vec::new();
             if self.core.image().cluster_id.is_none() {
-                let batch = RecordBatch {
-                    proposal: uuid::Uuid::new_v4(),
-                    records: vec![MetadataRecord::ClusterId { cluster_id: crate::metadata::new_cluster_id() }],
-                };
+                records.push(MetadataRecord::ClusterId { cluster_id: crate::metadata::new_cluster_id() });
+            }
+            if !self.core.image().features.contains_key("metadata.version") {
+                records.push(MetadataRecord::FeatureLevel {
+                    name: "metadata.version".into(),
+                    level: crate::api::versions::METADATA_VERSION,
+                });
+            }
+            if !records.is_empty() {
+                let batch = RecordBatch { proposal: uuid::Uuid::new_v4(), records };
                 self.propose(batch, Instant::now() + self.settings.propose_timeout, None);
             }
         }

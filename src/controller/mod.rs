@@ -9,11 +9,14 @@
 //! - [`transport`]: controller-to-controller frames and the handshake that
 //!   refuses non-voters, a different voters list or another cluster id.
 //! - [`disk`]: the raft log, hard state and snapshots on disk, checksummed.
+//! - [`describe`]: what DescribeQuorum reports (leader, high watermark,
+//!   each voter's progress), answered by the driver from raft's state.
 //! - [`node`]: the Ready-contract core around `raft::RawNode`; it does no
 //!   network I/O and touches disk only through [`store::RaftLogStore`], so
 //!   the deterministic simulation (`tests/quorum_sim.rs`) runs the same code.
 
 pub mod core;
+pub mod describe;
 pub mod disk;
 pub mod driver;
 pub mod node;

@@ -388,6 +388,15 @@ impl<S: RaftLogStore> QuorumNode<S> {
         self.raw.raft.r.raft_log.store
     }
 
+    /// The highest index known to be replicated on voter `id` (only while
+    /// leader).
+    pub fn matched(&self, id: u64) -> Option<u64> {
+        if !self.is_leader() {
+            return None;
+        }
+        self.raw.raft.prs().get(id).map(|pr| pr.matched)
+    }
+
     pub fn status(&self) -> QuorumStatus {
         let mut voters = Vec::new();
         if self.is_leader() {
