@@ -22,7 +22,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import apiversions  # noqa: E402  (tests/compat/apiversions.py)
 
-CLIENT = "confluent-kafka"
+# STRAND_COMPAT_CLUSTER=1: the target is a three-broker cluster (reported as confluent-kafka-cluster).
+CLIENT = "confluent-kafka-cluster" if os.environ.get("STRAND_COMPAT_CLUSTER") == "1" else "confluent-kafka"
 VERSION = "%s/librdkafka-%s" % (confluent_kafka.__version__, confluent_kafka.libversion()[0])
 PARTITIONS = 3
 RECORDS = 30

@@ -9,8 +9,16 @@
 # Exits non-zero if any line is a fail (a gap is not a failure).
 set -uo pipefail
 
+# With --cluster, the target is a three-broker cluster: the client checks
+# report as java-cluster and the cluster tools (kafka-metadata-quorum,
+# kafka-topics --describe, kafka-cluster, kafka-features) as kafka-cli-cluster.
+CLUSTER=0
+if [ "${1:-}" = "--cluster" ]; then
+    CLUSTER=1
+    shift
+fi
 if [ $# -ne 1 ]; then
-    echo "usage: $0 HOST:PORT" >&2
+    echo "usage: $0 [--cluster] HOST:PORT" >&2
     exit 2
 fi
 BOOTSTRAP=$1
@@ -20,6 +28,15 @@ cd "$HERE"
 KAFKA_VERSION=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' pom.xml)
 CLIENT_CAPS="admin produce consume-group committed-offsets idempotent transactions consume-transform-produce"
 CLI_CAPS="topics console-produce-consume consumer-groups transactions-cli"
+CLIENT_NAME=java
+CLI_NAME=kafka-cli
+MODE_PREFIX=
+if [ $CLUSTER = 1 ]; then
+    CLI_CAPS="metadata-quorum topics-leaders cluster-id features"
+    CLIENT_NAME=java-cluster
+    CLI_NAME=kafka-cli-cluster
+    MODE_PREFIX=cluster-
+fi
 
 # Prints a fail line for every capability of $1 not already in file $2.
 fail_missing() {
@@ -46,15 +63,15 @@ OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT
 
 if ! install_tools; then
-    fail_missing java "$OUT" "$CLIENT_CAPS" "java or mvn not available"
-    fail_missing kafka-cli "$OUT" "$CLI_CAPS" "java or mvn not available"
+    fail_missing $CLIENT_NAME "$OUT" "$CLIENT_CAPS" "java or mvn not available"
+    fail_missing $CLI_NAME "$OUT" "$CLI_CAPS" "java or mvn not available"
     exit 1
 fi
 
 echo "building (mvn package, kafka $KAFKA_VERSION)" >&2
 if ! mvn -q -B package >&2; then
-    fail_missing java "$OUT" "$CLIENT_CAPS" "maven build failed"
-    fail_missing kafka-cli "$OUT" "$CLI_CAPS" "maven build failed"
+    fail_missing $CLIENT_NAME "$OUT" "$CLIENT_CAPS" "maven build failed"
+    fail_missing $CLI_NAME "$OUT" "$CLI_CAPS" "maven build failed"
     exit 1
 fi
 
@@ -62,9 +79,9 @@ JAVA_OPTS=(-Dorg.slf4j.simpleLogger.defaultLogLevel=warn -Dorg.slf4j.simpleLogge
 CP="$HERE/target/classes:$HERE/target/lib/*"
 status=0
 for mode in client cli; do
-    if [ $mode = client ]; then name=java; caps=$CLIENT_CAPS; else name=kafka-cli; caps=$CLI_CAPS; fi
+    if [ $mode = client ]; then name=$CLIENT_NAME; caps=$CLIENT_CAPS; else name=$CLI_NAME; caps=$CLI_CAPS; fi
     : >"$OUT"
-    timeout 600 java "${JAVA_OPTS[@]}" -cp "$CP" strand.compat.Main $mode "$BOOTSTRAP" | tee "$OUT"
+    timeout 600 java "${JAVA_OPTS[@]}" -cp "$CP" strand.compat.Main "$MODE_PREFIX$mode" "$BOOTSTRAP" | tee "$OUT"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then status=1; fi
     # A crash or timeout must not drop capabilities from the table.

@@ -12,6 +12,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
+import java.util.TreeSet;
 import java.util.TreeMap;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
@@ -44,7 +45,7 @@ import org.apache.kafka.common.serialization.StringSerializer;
 
 /** The Java client (kafka-clients): producer, consumer, admin, transactions. */
 final class ClientChecks {
-    static final String C = "java";
+    static String C = "java";
     static final int PARTITIONS = 3;
     static final int RECORDS = 30;
     static final int[] IDEMPOTENT_APIS = {22};
@@ -159,20 +160,27 @@ final class ClientChecks {
         check(d.topicId() != null && !d.topicId().equals(Uuid.ZERO_UUID), "topic id missing: %s", d.topicId());
         check(d.partitions().size() == PARTITIONS, "expected %d partitions, got %d", PARTITIONS, d.partitions().size());
         Collection<Node> nodes = admin.describeCluster().nodes().get(30, TimeUnit.SECONDS);
-        check(nodes.size() == 1, "describeCluster: expected 1 node, got %s", nodes);
-        int nodeId = nodes.iterator().next().id();
+        check(nodes.size() == Main.brokers, "describeCluster: expected %d nodes, got %s", Main.brokers, nodes);
+        Set<Integer> nodeIds = new TreeSet<>();
+        nodes.forEach(n -> nodeIds.add(n.id()));
         String clusterId = admin.describeCluster().clusterId().get(30, TimeUnit.SECONDS);
         check(clusterId != null && !clusterId.isEmpty(), "no cluster id");
+        Set<Integer> leaders = new TreeSet<>();
         for (int i = 0; i < PARTITIONS; i++) {
             TopicPartitionInfo p = d.partitions().get(i);
             check(p.partition() == i, "partition %d listed as %d", i, p.partition());
-            check(p.leader() != null && p.leader().id() == nodeId, "partition %d leader %s, expected node %d", i, p.leader(), nodeId);
+            check(p.leader() != null && nodeIds.contains(p.leader().id()), "partition %d leader %s, expected one of %s",
+                    i, p.leader(), nodeIds);
             check(p.replicas().size() == 1 && p.isr().size() == 1, "partition %d replicas %s isr %s", i, p.replicas(), p.isr());
+            leaders.add(p.leader().id());
         }
+        // The controller spreads leaders evenly: one partition per broker here.
+        int spread = Math.min(Main.brokers, PARTITIONS);
+        check(leaders.size() == spread, "leaders %s, expected partitions spread over %d brokers", leaders, spread);
         Set<String> names = admin.listTopics().names().get(30, TimeUnit.SECONDS);
         check(names.contains(topic), "listTopics does not include %s", topic);
-        return "created " + topic + " with " + PARTITIONS + " partitions; describe: leader " + nodeId
-                + ", topic id " + d.topicId() + ", cluster " + clusterId;
+        return "created " + topic + " with " + PARTITIONS + " partitions; describe: leaders " + leaders
+                + " of brokers " + nodeIds + ", topic id " + d.topicId() + ", cluster " + clusterId;
     }
 
     static String produce() throws Exception {

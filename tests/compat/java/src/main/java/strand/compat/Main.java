@@ -25,6 +25,8 @@ import org.apache.kafka.common.utils.AppInfoParser;
  */
 public final class Main {
     static String bootstrap;
+    /** Brokers the cluster under test has (1 for a single node; 3 in the cluster modes). */
+    static int brokers = 1;
     static final String VERSION = AppInfoParser.getVersion();
     static final String RUN_ID = Long.toString(System.currentTimeMillis(), 36)
             + Integer.toString((int) (Math.random() * 1296), 36);
@@ -50,27 +52,39 @@ public final class Main {
             Map.entry(66, "ListTransactions"));
 
     public static void main(String[] args) throws Exception {
-        if (args.length != 2 || !(args[0].equals("client") || args[0].equals("cli"))) {
-            System.err.println("usage: Main client|cli BOOTSTRAP");
+        List<String> modes = List.of("client", "cli", "cluster-client", "cluster-cli");
+        if (args.length != 2 || !modes.contains(args[0])) {
+            System.err.println("usage: Main client|cli|cluster-client|cluster-cli BOOTSTRAP");
             System.exit(2);
         }
         bootstrap = args[1];
+        // The cluster modes: the same client checks against a three-broker
+        // cluster (reported as java-cluster), and the cluster tools.
+        String mode = args[0];
+        if (mode.startsWith("cluster-")) {
+            brokers = Integer.parseInt(System.getenv().getOrDefault("STRAND_BROKERS", "3"));
+            ClientChecks.C = "java-cluster";
+            mode = mode.substring("cluster-".length());
+        }
         try {
             advertised = apiVersions(bootstrap);
         } catch (Exception e) {
             // No broker to talk to: report every capability as failed at once
             // instead of letting each one run into client timeouts.
             String why = "broker at " + bootstrap + " unreachable (ApiVersions probe: " + describe(e) + ")";
-            String client = args[0].equals("client") ? "java" : "kafka-cli";
-            String[] caps = args[0].equals("client")
+            String client = mode.equals("client") ? ClientChecks.C : brokers > 1 ? ClusterCliChecks.C : "kafka-cli";
+            String[] caps = mode.equals("client")
                     ? new String[] {"admin", "produce", "consume-group", "committed-offsets", "idempotent", "transactions",
                         "consume-transform-produce"}
+                    : brokers > 1 ? ClusterCliChecks.CAPABILITIES
                     : new String[] {"topics", "console-produce-consume", "consumer-groups", "transactions-cli"};
             for (String cap : caps) capability(client, cap, null, () -> { throw new Mismatch(why); });
             System.exit(1);
         }
-        if (args[0].equals("client")) {
+        if (mode.equals("client")) {
             ClientChecks.runAll();
+        } else if (brokers > 1) {
+            ClusterCliChecks.runAll();
         } else {
             CliChecks.runAll();
         }

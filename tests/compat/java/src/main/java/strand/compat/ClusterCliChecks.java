@@ -1,0 +1,118 @@
+package strand.compat;
+
+import static strand.compat.CliChecks.bs;
+import static strand.compat.CliChecks.tool;
+import static strand.compat.Main.check;
+
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeSet;
+import java.util.concurrent.TimeUnit;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import org.apache.kafka.clients.admin.Admin;
+
+/**
+ * Kafka's cluster tools against a three-broker Strand cluster, bootstrapped
+ * from one broker: kafka-metadata-quorum, kafka-topics --describe,
+ * kafka-cluster cluster-id and kafka-features describe.
+ */
+final class ClusterCliChecks {
+    static final String C = "kafka-cli-cluster";
+    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "cluster-id", "features"};
+    static final String QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand";
+    static final String CLUSTER = "org.apache.kafka.tools.ClusterTool";
+    static final String FEATURES = "org.apache.kafka.tools.FeatureCommand";
+
+    static void runAll() {
+        Main.capability(C, "metadata-quorum", new int[] {55}, ClusterCliChecks::metadataQuorum);
+        Main.capability(C, "topics-leaders", null, ClusterCliChecks::topicsLeaders);
+        Main.capability(C, "cluster-id", null, ClusterCliChecks::clusterId);
+        Main.capability(C, "features", null, ClusterCliChecks::features);
+    }
+
+    /** `Key:   value` lines as a map. */
+    static Map<String, String> fields(String out) {
+        Map<String, String> m = new java.util.HashMap<>();
+        for (String line : out.split("\n")) {
+            int colon = line.indexOf(':');
+            if (colon > 0) m.put(line.substring(0, colon).trim(), line.substring(colon + 1).trim());
+        }
+        return m;
+    }
+
+    static String metadataQuorum() throws Exception {
+        CliChecks.Run status = tool(QUORUM, null, 60, "--bootstrap-server", bs(), "describe", "--status").ok();
+        Map<String, String> f = fields(status.out());
+        int leader = Integer.parseInt(f.getOrDefault("LeaderId", "-1"));
+        check(leader >= 1 && leader <= Main.brokers, "LeaderId %s: %s", leader, status.out().strip());
+        long hw = Long.parseLong(f.getOrDefault("HighWatermark", "-1"));
+        check(hw > 0, "HighWatermark %d: %s", hw, status.out().strip());
+        String voters = f.getOrDefault("CurrentVoters", "");
+        Set<Integer> ids = new TreeSet<>();
+        Matcher m = Pattern.compile("\"id\":\\s*(\\d+)").matcher(voters);
+        while (m.find()) ids.add(Integer.parseInt(m.group(1)));
+        if (ids.isEmpty()) {
+            // Older output: CurrentVoters: [1,2,3]
+            Matcher plain = Pattern.compile("(\\d+)").matcher(voters);
+            while (plain.find()) ids.add(Integer.parseInt(plain.group(1)));
+        }
+        check(ids.size() == Main.brokers, "CurrentVoters %s: %s", voters, status.out().strip());
+
+        CliChecks.Run repl = tool(QUORUM, null, 60, "--bootstrap-server", bs(), "describe", "--replication").ok();
+        List<Map<String, String>> rows = CliChecks.table(repl.out(), "NodeId");
+        check(rows.size() == Main.brokers, "--replication printed %d rows, expected %d: %s", rows.size(), Main.brokers,
+                repl.out().strip());
+        long leaders = rows.stream().filter(r -> "Leader".equals(r.get("Status"))).count();
+        long followers = rows.stream().filter(r -> "Follower".equals(r.get("Status"))).count();
+        check(leaders == 1 && followers == Main.brokers - 1, "statuses: %s", repl.out().strip());
+        for (Map<String, String> r : rows) {
+            long end = Long.parseLong(r.getOrDefault("LogEndOffset", "-1"));
+            check(end > 0, "node %s log end offset %d: %s", r.get("NodeId"), end, repl.out().strip());
+        }
+        return "--status: leader " + leader + ", high watermark " + hw + ", voters " + ids
+                + "; --replication: 1 leader and " + followers + " followers with log end offsets";
+    }
+
+    static String topicsLeaders() throws Exception {
+        String t = CliChecks.prefix + "-cluster-topics";
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--create", "--topic", t,
+                "--partitions", "6", "--replication-factor", "1").ok();
+        CliChecks.Run describe = tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--describe", "--topic", t).ok();
+        Set<Integer> leaders = new TreeSet<>();
+        Matcher m = Pattern.compile("Partition: (\\d+)\\tLeader: (\\d+)\\tReplicas: (\\d+)\\tIsr: (\\d+)").matcher(describe.out());
+        int partitions = 0;
+        while (m.find()) {
+            partitions++;
+            check(m.group(2).equals(m.group(3)) && m.group(2).equals(m.group(4)),
+                    "partition %s: leader %s replicas %s isr %s", m.group(1), m.group(2), m.group(3), m.group(4));
+            leaders.add(Integer.parseInt(m.group(2)));
+        }
+        check(partitions == 6, "describe listed %d partitions: %s", partitions, describe.out().strip());
+        check(leaders.size() == Main.brokers, "leaders %s, expected all %d brokers: %s", leaders, Main.brokers,
+                describe.out().strip());
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
+        return "6 partitions led by brokers " + leaders;
+    }
+
+    static String clusterId() throws Exception {
+        CliChecks.Run r = tool(CLUSTER, null, 60, "cluster-id", "--bootstrap-server", bs()).ok();
+        String printed = fields(r.out()).getOrDefault("Cluster ID", "");
+        String expected;
+        try (Admin admin = ClientChecks.admin()) {
+            expected = admin.describeCluster().clusterId().get(30, TimeUnit.SECONDS);
+        }
+        check(!printed.isEmpty() && printed.equals(expected), "cluster-id printed %s, DescribeCluster says %s",
+                r.out().strip(), expected);
+        return "Cluster ID: " + printed;
+    }
+
+    static String features() throws Exception {
+        CliChecks.Run r = tool(FEATURES, null, 60, "--bootstrap-server", bs(), "describe").ok();
+        String line = r.lines().stream().filter(l -> l.contains("Feature: metadata.version")).findFirst().orElse("");
+        check(line.contains("FinalizedVersionLevel: 4.1-IV1"), "kafka-features describe: %s", r.out().strip());
+        return line.replace('\t', ' ');
+    }
+}
