@@ -460,6 +460,90 @@ async fn transactions_span_partitions_led_by_every_broker() {
     cluster.shutdown().await;
 }
 
+/// The state DescribeTransactions reports for `id`, asked of `broker`.
+async fn transaction_state(cluster: &TestCluster, broker: i32, id: &str) -> String {
+    let mut conn = RawConn::connect(cluster.addr(broker)).await;
+    let req = kafka_protocol::messages::DescribeTransactionsRequest::default().with_transactional_ids(vec![
+        kafka_protocol::messages::TransactionalId(kafka_protocol::protocol::StrBytes::from_string(id.to_string())),
+    ]);
+    let resp = conn.call(&req, 0).await;
+    let t = &resp.transaction_states[0];
+    assert_eq!(t.error_code, 0, "DescribeTransactions {id} on broker {broker}");
+    t.transaction_state.to_string()
+}
+
+/// A commit whose markers cannot all be written (the broker leading one of
+/// its partitions is stopped) is not reported done: the transaction stays
+/// PrepareCommit, the producer's commit keeps waiting, and once the broker is
+/// back the coordinator completes it by itself and the commit returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_completes_once_a_stopped_partition_leader_returns() {
+    use rdkafka::producer::Producer;
+    let mut cluster = TestCluster::start(3, &["transaction.abort.timed.out.transaction.cleanup.interval.ms=200"]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(1), "held", 3, 1).await.unwrap();
+    let call = Duration::from_secs(30);
+    let producer: FutureProducer = {
+        let mut c = producer_config(&cluster.bootstrap(1));
+        c.set("transactional.id", "held-txn").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    tokio::task::block_in_place(|| producer.init_transactions(call)).expect("init_transactions");
+    let mut conn = RawConn::connect(cluster.addr(1)).await;
+    let found = conn
+        .call(
+            &FindCoordinatorRequest::default()
+                .with_key(kafka_protocol::protocol::StrBytes::from_static_str("held-txn"))
+                .with_key_type(1),
+            3,
+        )
+        .await;
+    assert_eq!(found.error_code, 0);
+    let coordinator = found.node_id.0;
+    let active = cluster.active_controller().expect("an active controller");
+    // Not the coordinator (its shard must keep running), nor the controller
+    // (no failover in this test).
+    let stopped = [1, 2, 3].into_iter().find(|b| *b != coordinator && *b != active).unwrap();
+    println!("coordinator {coordinator}, active controller {active}, stopping broker {stopped}");
+
+    producer.begin_transaction().unwrap();
+    for p in 0..3 {
+        let value = format!("held-{p}");
+        producer.send(FutureRecord::to("held").partition(p).key("k").payload(&value), call).await.expect("acked");
+    }
+    cluster.stop(stopped).await;
+    let committing = producer.clone();
+    let commit = tokio::task::spawn_blocking(move || committing.commit_transaction(Duration::from_secs(120)));
+
+    // The coordinator gives up on the stopped broker's marker after its
+    // deadline and leaves the transaction prepared.
+    wait_for(
+        "the transaction prepared, its markers not all written",
+        Duration::from_secs(40),
+        Duration::from_millis(200),
+        || {
+            let cluster = &cluster;
+            async move { (transaction_state(cluster, coordinator, "held-txn").await == "PrepareCommit").then_some(()) }
+        },
+    )
+    .await;
+    assert!(!commit.is_finished(), "commit_transaction returned while a marker was unwritten");
+
+    cluster.restart(stopped).await;
+    tokio::time::timeout(Duration::from_secs(60), commit)
+        .await
+        .expect("commit returns once the broker is back")
+        .unwrap()
+        .expect("commit_transaction");
+    assert_eq!(transaction_state(&cluster, coordinator, "held-txn").await, "CompleteCommit");
+    let committed = read_isolated(&cluster.bootstrap(2), "held", 3, 3, true);
+    for p in 0..3 {
+        assert_eq!(committed[&p], vec![format!("held-{p}")], "read_committed, partition {p}");
+    }
+    drop(producer);
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deleted_topic_recreated_under_its_name_starts_empty_on_every_broker() {
     let cluster = TestCluster::start(3, &[]).await;

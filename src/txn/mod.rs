@@ -21,7 +21,7 @@
 pub mod records;
 mod shard;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use strand_storage::AppendOrigin;
@@ -178,99 +178,156 @@ impl MarkerWriter {
         }
     }
 
-    /// Writes one COMMIT/ABORT marker, retrying while the partition moves
-    /// or has no leader; never reports a marker done that was not written.
-    pub async fn write(
+    /// Writes the COMMIT/ABORT markers of one transaction to all its
+    /// `partitions`: the ones led here directly, the others as one
+    /// WriteTxnMarkers request per leading broker, all brokers at once.
+    /// Partitions that move or have no leader are retried until
+    /// [`MARKER_DEADLINE`]; a marker is never reported done unwritten.
+    /// Returns the partitions that could not be marked, with why.
+    pub async fn write_all(
         &self,
-        marker: (&str, i32),
+        partitions: &[(String, i32)],
         producer_id: i64,
         epoch: i16,
         commit: bool,
         coordinator_epoch: i32,
-    ) -> Result<(), i16> {
-        let Some(cluster) = &self.cluster else {
-            return write_local_marker(
-                &self.replicas,
-                &self.groups,
-                marker,
-                producer_id,
-                epoch,
-                commit,
-                coordinator_epoch,
-            )
-            .await;
+    ) -> Result<(), Vec<((String, i32), i16)>> {
+        let mut failed = Vec::new();
+        let local = |tp: &(String, i32)| {
+            let tp = tp.clone();
+            async move {
+                let r = write_local_marker(
+                    &self.replicas,
+                    &self.groups,
+                    (&tp.0, tp.1),
+                    producer_id,
+                    epoch,
+                    commit,
+                    coordinator_epoch,
+                )
+                .await;
+                (tp, r)
+            }
         };
-        let (topic, partition) = marker;
+        let Some(cluster) = &self.cluster else {
+            for tp in partitions {
+                if let (tp, Err(code)) = local(tp).await {
+                    failed.push((tp, code));
+                }
+            }
+            return if failed.is_empty() { Ok(()) } else { Err(failed) };
+        };
         let deadline = tokio::time::Instant::now() + MARKER_DEADLINE;
+        let mut pending = partitions.to_vec();
         loop {
             let mut images = cluster.image_watch();
-            let leader = match cluster.leadership(topic, partition) {
-                crate::cluster::Leadership::Here { .. } => {
-                    return write_local_marker(
-                        &self.replicas,
-                        &self.groups,
-                        marker,
-                        producer_id,
-                        epoch,
-                        commit,
-                        coordinator_epoch,
-                    )
-                    .await;
+            let mut by_leader: BTreeMap<i32, Vec<(String, i32)>> = BTreeMap::new();
+            let mut retry = Vec::new();
+            for tp in pending.drain(..) {
+                match cluster.leadership(&tp.0, tp.1) {
+                    crate::cluster::Leadership::Here { .. } => {
+                        if let (tp, Err(code)) = local(&tp).await {
+                            failed.push((tp, code));
+                        }
+                    }
+                    // Deleted: nothing to mark, as on a single node.
+                    crate::cluster::Leadership::Unknown => {}
+                    crate::cluster::Leadership::Elsewhere { leader, .. } if leader >= 0 => {
+                        by_leader.entry(leader).or_default().push(tp)
+                    }
+                    crate::cluster::Leadership::Elsewhere { .. } => retry.push(tp),
                 }
-                // Deleted: nothing to mark, as on a single node.
-                crate::cluster::Leadership::Unknown => return Ok(()),
-                crate::cluster::Leadership::Elsewhere { leader, .. } => leader,
-            };
-            if leader >= 0 {
-                match send_marker(cluster, leader, marker, producer_id, epoch, commit, coordinator_epoch).await {
-                    Ok(0) => return Ok(()),
-                    Ok(code) if code == ResponseError::NotLeaderOrFollower.code() => {}
-                    Ok(code) if code == ResponseError::UnknownTopicOrPartition.code() => {}
-                    Ok(code) => return Err(code),
+            }
+            let sends = by_leader.into_iter().map(|(leader, tps)| async move {
+                let sent = send_markers(cluster, leader, &tps, producer_id, epoch, commit, coordinator_epoch).await;
+                (leader, tps, sent)
+            });
+            for (leader, tps, sent) in futures_util::future::join_all(sends).await {
+                match sent {
+                    Ok(codes) => {
+                        for (tp, code) in tps.into_iter().zip(codes) {
+                            match code {
+                                0 => {}
+                                // Moved, or the leader has not applied the partition yet.
+                                c if c == ResponseError::NotLeaderOrFollower.code()
+                                    || c == ResponseError::UnknownTopicOrPartition.code() =>
+                                {
+                                    retry.push(tp)
+                                }
+                                c => failed.push((tp, c)),
+                            }
+                        }
+                    }
                     Err(e) => {
-                        tracing::warn!(topic, partition, leader, error = %e, "transaction marker not delivered; retrying")
+                        tracing::warn!(leader, partitions = tps.len(), error = %e, "transaction markers not delivered; retrying");
+                        retry.extend(tps);
                     }
                 }
             }
-            if tokio::time::Instant::now() >= deadline {
-                tracing::error!(topic, partition, leader, "transaction marker: no leader took it in time");
-                return Err(ResponseError::CoordinatorNotAvailable.code());
+            if retry.is_empty() {
+                break;
             }
-            // Wait for the partition to move, or a short while.
+            if tokio::time::Instant::now() >= deadline {
+                tracing::error!(partitions = ?retry, "transaction markers: no leader took them in time");
+                failed.extend(retry.into_iter().map(|tp| (tp, ResponseError::CoordinatorNotAvailable.code())));
+                break;
+            }
+            pending = retry;
+            // Wait for partitions to move, or a short while.
             let _ = tokio::time::timeout(std::time::Duration::from_millis(200), images.changed()).await;
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed)
         }
     }
 }
 
-/// One marker as a WriteTxnMarkers request to `leader`: its error code.
-async fn send_marker(
+/// One transaction's markers for the partitions `leader` leads, as one
+/// WriteTxnMarkers request: an error code per partition, in `partitions`'
+/// order.
+async fn send_markers(
     cluster: &crate::cluster::ClusterNode,
     leader: i32,
-    (topic, partition): (&str, i32),
+    partitions: &[(String, i32)],
     producer_id: i64,
     epoch: i16,
     commit: bool,
     coordinator_epoch: i32,
-) -> Result<i16, crate::cluster::peers::PeerError> {
+) -> Result<Vec<i16>, crate::cluster::peers::PeerError> {
     use kafka_protocol::messages::write_txn_markers_request::{WritableTxnMarker, WritableTxnMarkerTopic};
     use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+    let mut topics: BTreeMap<&str, Vec<i32>> = BTreeMap::new();
+    for (topic, partition) in partitions {
+        topics.entry(topic).or_default().push(*partition);
+    }
     let req = WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
         .with_producer_id(ProducerId(producer_id))
         .with_producer_epoch(epoch)
         .with_transaction_result(commit)
         .with_coordinator_epoch(coordinator_epoch)
-        .with_topics(vec![WritableTxnMarkerTopic::default()
-            .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_string(topic.to_string())))
-            .with_partition_indexes(vec![partition])])]);
+        .with_topics(
+            topics
+                .into_iter()
+                .map(|(name, indexes)| {
+                    WritableTxnMarkerTopic::default()
+                        .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_string(name.to_string())))
+                        .with_partition_indexes(indexes)
+                })
+                .collect(),
+        )]);
     let resp = cluster.peers().call(&cluster.image(), leader, &req, 1).await?;
-    let code = resp
-        .markers
-        .iter()
-        .flat_map(|m| m.topics.iter())
-        .flat_map(|t| t.partitions.iter())
-        .find(|p| p.partition_index == partition)
-        .map_or(ResponseError::UnknownServerError.code(), |p| p.error_code);
-    Ok(code)
+    let code_of = |topic: &str, partition: i32| {
+        resp.markers
+            .iter()
+            .flat_map(|m| m.topics.iter())
+            .filter(|t| t.name.as_str() == topic)
+            .flat_map(|t| t.partitions.iter())
+            .find(|p| p.partition_index == partition)
+            .map_or(ResponseError::UnknownServerError.code(), |p| p.error_code)
+    };
+    Ok(partitions.iter().map(|(t, p)| code_of(t, *p)).collect())
 }
 
 pub struct TxnCoordinator {

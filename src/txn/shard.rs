@@ -156,7 +156,10 @@ impl Shard {
                     Some(cmd) => self.handle(cmd).await,
                     None => break,
                 },
-                _ = tick.tick() => self.abort_timed_out().await,
+                _ = tick.tick() => {
+                    self.abort_timed_out().await;
+                    self.finish_prepared().await;
+                }
                 _ = crate::server::listener::wait_shutdown(&mut shutdown) => break,
             }
         }
@@ -426,17 +429,15 @@ impl Shard {
     /// Second phase: markers to every partition, then the Complete state.
     async fn complete(&mut self, id: &str, commit: bool) {
         let Some(meta) = self.txns.get(id).cloned() else { return };
-        let mut failed = false;
-        for (topic, p) in &meta.partitions {
-            let coordinator_epoch = self.coordinator_epoch();
-            let marked = self.markers.write((topic, *p), meta.producer_id, meta.epoch, commit, coordinator_epoch).await;
-            if let Err(e) = marked {
-                tracing::error!(transactional_id = id, topic, partition = p, error = e, "transaction marker failed");
-                failed = true;
+        let partitions: Vec<(String, i32)> = meta.partitions.iter().cloned().collect();
+        let coordinator_epoch = self.coordinator_epoch();
+        let marked = self.markers.write_all(&partitions, meta.producer_id, meta.epoch, commit, coordinator_epoch).await;
+        if let Err(failed) = marked {
+            for ((topic, partition), e) in failed {
+                tracing::error!(transactional_id = id, topic, partition, error = e, "transaction marker failed");
             }
-        }
-        if failed {
-            // Stays in Prepare*: the next load (or a retry) completes it.
+            // Stays in Prepare*: the shard's periodic check (or the next
+            // load) completes it.
             return;
         }
         let mut done = meta;
@@ -448,6 +449,34 @@ impl Shard {
         if self.transition(id, done).is_ok() {
             self.open.close(pid, epoch);
         }
+    }
+
+    /// Completes transactions left in Prepare* because a marker could not be
+    /// written (a partition without a leader until its broker returned):
+    /// retried once every partition has a leader again, so a long outage
+    /// does not hold the shard in marker retries on every tick.
+    async fn finish_prepared(&mut self) {
+        let stuck: Vec<(String, bool)> = self
+            .txns
+            .iter()
+            .filter(|(_, m)| self.all_partitions_led(m))
+            .filter_map(|(id, m)| match m.state {
+                TxnState::PrepareCommit => Some((id.clone(), true)),
+                TxnState::PrepareAbort | TxnState::PrepareEpochFence => Some((id.clone(), false)),
+                _ => None,
+            })
+            .collect();
+        for (id, commit) in stuck {
+            tracing::info!(transactional_id = %id, commit, "completing a transaction whose markers were not all written");
+            self.complete(&id, commit).await;
+        }
+    }
+
+    fn all_partitions_led(&self, meta: &TxnMeta) -> bool {
+        let Some(cluster) = &self.markers.cluster else { return true };
+        meta.partitions.iter().all(|(topic, p)| {
+            !matches!(cluster.leadership(topic, *p), crate::cluster::Leadership::Elsewhere { leader, .. } if leader < 0)
+        })
     }
 
     /// Aborts transactions open longer than their timeout, fencing the producer.
