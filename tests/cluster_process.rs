@@ -256,6 +256,75 @@ async fn three_processes_crash_fail_over_and_restart() {
     );
 }
 
+/// CreateTopics through one broker, answered once committed and applied
+/// there: how long until the other two brokers' Metadata show the topic.
+async fn propagation(cluster: &ChildCluster, name: &str, partitions: i32) -> (Duration, Duration) {
+    use kafka_protocol::messages::create_topics_request::CreatableTopic;
+    use kafka_protocol::messages::{CreateTopicsRequest, TopicName};
+    let mut conn = common::RawConn::connect(cluster.node(1).addr()).await;
+    let req = CreateTopicsRequest::default().with_timeout_ms(60_000).with_topics(vec![CreatableTopic::default()
+        .with_name(TopicName(kafka_protocol::protocol::StrBytes::from_string(name.to_string())))
+        .with_num_partitions(partitions)
+        .with_replication_factor(1)]);
+    let sent = Instant::now();
+    let resp = conn.call(&req, 7).await;
+    let created = sent.elapsed();
+    assert_eq!(resp.topics[0].error_code, 0, "CreateTopics {name}: {:?}", resp.topics[0].error_message);
+    let replied = Instant::now();
+    for id in [2, 3] {
+        loop {
+            let md = cluster.metadata(id, Some(&[name])).await.expect("Metadata");
+            let t = &md.topics[0];
+            if t.error_code == 0
+                && t.partitions.len() == partitions as usize
+                && t.partitions.iter().all(|p| p.leader_id.0 >= 0)
+            {
+                break;
+            }
+            assert!(replied.elapsed() < Duration::from_secs(30), "{name} not on broker {id}");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    (created, replied.elapsed())
+}
+
+/// Figures for docs/BENCHMARKS.md: metadata propagation (a committed topic
+/// seen by every broker) and the time to create 1,000 partitions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn metadata_propagation_and_a_thousand_partitions() {
+    let mut cluster = ChildCluster::start(3, &[], READY).await;
+    let mut lags = Vec::new();
+    for i in 0..20 {
+        let (_, lag) = propagation(&cluster, &format!("prop-{i}"), 1).await;
+        lags.push(lag);
+    }
+    lags.sort();
+    let sent_thousand = Instant::now();
+    let (created, lag) = propagation(&cluster, "thousand", 1000).await;
+    // Every partition is served: its leader lists offsets for it.
+    let boot = cluster.bootstrap(2);
+    let produced = produce(&boot, "thousand", 1000, 1, "t").await;
+    let writable = sent_thousand.elapsed();
+    assert_eq!(produced.len(), 1000);
+    let rss: Vec<String> = [1, 2, 3].iter().map(|id| mib(cluster.rss_kib(*id))).collect();
+    for id in [1, 2, 3] {
+        cluster.terminate(id);
+    }
+    println!(
+        "cluster figures: metadata propagation (CreateTopics answered on broker 1 to the topic in the other two \
+         brokers' Metadata) median {} us, max {} us over {} topics; 1,000 partitions: CreateTopics answered in {} ms, \
+         on every broker {} ms later, one record acknowledged by each partition's leader {} ms after the request; \
+         RSS per node {} MiB with 1,000 partitions",
+        lags[lags.len() / 2].as_micros(),
+        lags[lags.len() - 1].as_micros(),
+        lags.len(),
+        created.as_millis(),
+        lag.as_millis(),
+        writable.as_millis(),
+        rss.join("/"),
+    );
+}
+
 /// Against a cluster started by hand with `config/cluster/run.sh`:
 /// `cargo test --test cluster_process -- --ignored local_cluster_smoke`
 /// (`STRAND_BOOTSTRAP` overrides 127.0.0.1:9092). Creates a topic of three
