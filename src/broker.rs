@@ -181,7 +181,9 @@ impl Broker {
                         leftovers.join(", ")
                     )));
                 }
-                Some(ClusterNode::start(config.node_id, q, socket).await?)
+                let meta = crate::cluster::meta_properties::MetaProperties::open(&log_dir, config.node_id)
+                    .map_err(|e| StartError::Unsupported(e.to_string()))?;
+                Some(ClusterNode::start(config.node_id, q, socket, meta, log_dir.clone()).await?)
             }
             _ => None,
         };
@@ -335,6 +337,15 @@ impl BrokerHandle {
 
     pub fn state(&self) -> &Arc<BrokerState> {
         &self.state
+    }
+
+    /// Resolves when the broker cannot go on (its cluster controller
+    /// stopped on its own), with why; never on a single node.
+    pub async fn failed(&self) -> String {
+        match self.state.cluster() {
+            Some(node) => node.failed().await,
+            None => std::future::pending().await,
+        }
     }
 
     /// Graceful shutdown: stop accepting, let in-flight requests finish, then

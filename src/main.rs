@@ -66,10 +66,19 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        wait_for_signal().await;
+        let failure = tokio::select! {
+            _ = wait_for_signal() => None,
+            reason = broker.failed() => Some(reason),
+        };
         tracing::info!("shutting down");
         broker.shutdown().await;
-        ExitCode::SUCCESS
+        match failure {
+            None => ExitCode::SUCCESS,
+            Some(reason) => {
+                eprintln!("strand: {reason}");
+                ExitCode::FAILURE
+            }
+        }
     })
 }
 

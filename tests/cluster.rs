@@ -460,6 +460,48 @@ async fn transactions_span_partitions_led_by_every_broker() {
     cluster.shutdown().await;
 }
 
+/// A node's data directory records its node id and, once the quorum has
+/// one, the cluster id (meta.properties). Started as another node.id it is
+/// refused, naming both ids; holding another cluster's id, the node stops,
+/// naming both clusters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_data_directory_of_another_node_or_cluster_is_refused() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let cluster_id = cluster.state(1).cluster_id();
+    let meta = cluster.node(3).dir.join("data").join("meta.properties");
+    let expected = format!("node.id=3\ncluster.id={cluster_id}\n");
+    let (m, e) = (&meta, &expected);
+    wait_for("node 3 to record the cluster id", READY, Duration::from_millis(20), || async move {
+        std::fs::read_to_string(m).ok().filter(|t| t.contains(e.as_str())).map(|_| ())
+    })
+    .await;
+    cluster.stop(3).await;
+    let original = std::fs::read_to_string(&meta).unwrap();
+
+    // Another node's directory: refused at start-up, nothing served.
+    std::fs::write(&meta, original.replace("node.id=3", "node.id=7")).unwrap();
+    let err = match strand::Broker::start(cluster.config(2)).await {
+        Ok(_) => panic!("node 3 started on node 7's directory"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("node.id=7") && err.contains("node.id=3"), "{err}");
+
+    // Another cluster's directory: the node stops, naming both clusters.
+    let other = "AAAAAAAAAAAAAAAAAAAAAA";
+    std::fs::write(&meta, original.replace(&cluster_id, other)).unwrap();
+    let node = strand::Broker::start(cluster.config(2)).await.expect("starts, then meets the metadata log");
+    let reason = tokio::time::timeout(READY, node.failed()).await.expect("the node stops");
+    assert!(reason.contains(other) && reason.contains(&cluster_id), "{reason}");
+    node.shutdown().await;
+
+    // Its own directory again: it rejoins.
+    std::fs::write(&meta, &original).unwrap();
+    cluster.restart(3).await;
+    cluster.wait_ready(READY).await;
+    cluster.shutdown().await;
+}
+
 /// The state DescribeTransactions reports for `id`, asked of `broker`.
 async fn transaction_state(cluster: &TestCluster, broker: i32, id: &str) -> String {
     let mut conn = RawConn::connect(cluster.addr(broker)).await;

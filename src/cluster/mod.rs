@@ -12,6 +12,7 @@
 //! own file as before (see [`crate::metadata::store`]).
 
 pub mod lifecycle;
+pub mod meta_properties;
 pub mod peers;
 pub mod publisher;
 
@@ -55,6 +56,10 @@ pub struct ClusterNode {
     /// The producer-id block the controller gave this broker: (next, end).
     producer_ids: tokio::sync::Mutex<(i64, i64)>,
     peers: peers::Peers,
+    /// The log directory's `meta.properties` (the cluster id is added once
+    /// the image has one).
+    meta: std::sync::Mutex<meta_properties::MetaProperties>,
+    log_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -72,9 +77,12 @@ impl ClusterNode {
         node_id: i32,
         quorum: &QuorumSettings,
         controller_listener: TcpListener,
+        meta: meta_properties::MetaProperties,
+        log_dir: std::path::PathBuf,
     ) -> Result<Arc<ClusterNode>, DriverStartError> {
         let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
         settings.session_timeout_ms = quorum.session_timeout_ms;
+        settings.expected_cluster_id = meta.cluster_id.clone();
         let controller = Controller::start(settings, controller_listener).await?;
         let image = controller.image();
         Ok(Arc::new(ClusterNode {
@@ -86,6 +94,8 @@ impl ClusterNode {
             heartbeat_interval: Duration::from_millis(quorum.heartbeat_interval_ms),
             producer_ids: tokio::sync::Mutex::new((0, 0)),
             peers: peers::Peers::new(node_id, &quorum.inter_broker_listener_name),
+            meta: std::sync::Mutex::new(meta),
+            log_dir,
         }))
     }
 
@@ -187,6 +197,22 @@ impl ClusterNode {
         let id = ids.0;
         ids.0 += 1;
         Ok(id)
+    }
+
+    /// Records the image's cluster id in `meta.properties` the first time
+    /// it is seen (a different one is refused by the driver and the handshake).
+    pub fn record_cluster_id(&self) -> Result<(), meta_properties::MetaPropertiesError> {
+        let Some(id) = self.image.borrow().cluster_id.clone() else { return Ok(()) };
+        let mut meta = self.meta.lock().unwrap_or_else(|e| e.into_inner());
+        if meta.cluster_id.as_deref() == Some(id.as_str()) {
+            return Ok(());
+        }
+        meta.adopt_cluster_id(&self.log_dir, &id)
+    }
+
+    /// Resolves when this node's controller stopped on its own, with why.
+    pub async fn failed(&self) -> String {
+        self.controller.failed().await
     }
 
     /// Stops the controller (everything it acknowledged is on disk).

@@ -26,6 +26,9 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
     let incarnation = node.incarnation_id;
     loop {
         let current = images.borrow_and_update().clone();
+        if let Err(e) = node.record_cluster_id() {
+            tracing::error!(node = me, error = %e, "cannot record the cluster id in meta.properties");
+        }
         if current.brokers.get(&me).is_some_and(|b| b.incarnation_id == incarnation) {
             let r = replicas.clone();
             let image = current.clone();

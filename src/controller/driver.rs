@@ -52,6 +52,10 @@ pub struct DriverSettings {
     pub snapshot_bytes: u64,
     /// How long a dropped proposal is retried before the request fails.
     pub propose_timeout: Duration,
+    /// The cluster id this node's data directory belongs to (its
+    /// `meta.properties`), if it has one: named in the handshake before the
+    /// metadata log has it, and a log of another cluster stops the node.
+    pub expected_cluster_id: Option<String>,
 }
 
 impl DriverSettings {
@@ -65,6 +69,7 @@ impl DriverSettings {
             quorum: QuorumConfig::default(),
             snapshot_bytes: 16 << 20,
             propose_timeout: Duration::from_secs(5),
+            expected_cluster_id: None,
         }
     }
 }
@@ -116,6 +121,9 @@ pub struct Controller {
     inputs: mpsc::UnboundedSender<Input>,
     image: watch::Receiver<Arc<ClusterImage>>,
     view: watch::Receiver<QuorumView>,
+    /// Why the controller stopped on its own (a metadata log it cannot
+    /// write, another cluster's log), once it has.
+    fatal: watch::Receiver<Option<String>>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     node_id: i32,
@@ -148,6 +156,7 @@ impl Controller {
         let (inputs, rx) = mpsc::unbounded_channel();
         let (image_tx, image_rx) = watch::channel(Arc::new(image.clone()));
         let (view_tx, view_rx) = watch::channel(QuorumView { leader: None, term: 0, is_leader: false });
+        let (fatal_tx, fatal_rx) = watch::channel(None);
         let voters_text = transport::canonical_voters(&settings.voters);
         let (node_id, voters, voters_copy) = (settings.node_id, settings.voters.clone(), voters_text.clone());
 
@@ -158,7 +167,12 @@ impl Controller {
             peers.insert(v.id as u64, tx);
             tasks.push(tokio::spawn(send_to_peer(
                 v.clone(),
-                hello_source(settings.node_id, voters_text.clone(), image_rx.clone()),
+                hello_source(
+                    settings.node_id,
+                    voters_text.clone(),
+                    image_rx.clone(),
+                    settings.expected_cluster_id.clone(),
+                ),
                 peer_rx,
                 inputs.clone(),
             )));
@@ -166,7 +180,7 @@ impl Controller {
         tasks.push(tokio::spawn(accept_peers(
             listener,
             settings.voters.clone(),
-            hello_source(settings.node_id, voters_text, image_rx.clone()),
+            hello_source(settings.node_id, voters_text, image_rx.clone(), settings.expected_cluster_id.clone()),
             inputs.clone(),
         )));
         let ticker = inputs.clone();
@@ -194,6 +208,7 @@ impl Controller {
             next_request: 0,
             started: Instant::now(),
             contact: HashMap::new(),
+            fatal_tx,
         };
         let thread = std::thread::Builder::new()
             .name("strand-controller".into())
@@ -203,6 +218,7 @@ impl Controller {
             inputs,
             image: image_rx,
             view: view_rx,
+            fatal: fatal_rx,
             thread: std::sync::Mutex::new(Some(thread)),
             tasks: std::sync::Mutex::new(tasks),
             node_id,
@@ -322,6 +338,18 @@ impl Controller {
         self.view.clone()
     }
 
+    /// Resolves when the controller stopped on its own, with why; the
+    /// process cannot serve as a cluster node after that.
+    pub async fn failed(&self) -> String {
+        let mut fatal = self.fatal.clone();
+        let reason = fatal.wait_for(|f| f.is_some()).await.map(|f| f.clone().unwrap_or_default());
+        match reason {
+            Ok(reason) => reason,
+            // The driver is gone without saying why: it was stopped.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
     /// Stops the node; everything acknowledged is already durable.
     pub async fn stop(&self) {
         let _ = self.inputs.send(Input::Stop);
@@ -356,11 +384,12 @@ fn hello_source(
     node_id: i32,
     voters: String,
     image: watch::Receiver<Arc<ClusterImage>>,
+    expected_cluster_id: Option<String>,
 ) -> impl Fn() -> Hello + Send + Clone + 'static {
     move || Hello {
         node_id,
         voters: voters.clone(),
-        cluster_id: image.borrow().cluster_id.clone(),
+        cluster_id: image.borrow().cluster_id.clone().or_else(|| expected_cluster_id.clone()),
         purpose: Purpose::Raft,
     }
 }
@@ -380,6 +409,7 @@ struct Run {
     started: Instant,
     /// Followers' last responses, for DescribeQuorum (kept while leader).
     contact: HashMap<u64, FollowerContact>,
+    fatal_tx: watch::Sender<Option<String>>,
 }
 
 impl Run {
@@ -419,6 +449,12 @@ impl Run {
                 // The metadata log cannot be written: stop rather than run on
                 // with state raft believes durable but is not.
                 tracing::error!(error = %e, "metadata log write failed; the controller stops");
+                self.fatal_tx.send_replace(Some(format!("metadata log write failed: {e}")));
+                break;
+            }
+            if let Some(reason) = self.foreign_cluster() {
+                tracing::error!("{reason}; the controller stops");
+                self.fatal_tx.send_replace(Some(reason));
                 break;
             }
         }
@@ -534,6 +570,21 @@ impl Run {
             self.node.maybe_snapshot(self.settings.snapshot_bytes, || core.image().encode())?;
         }
         Ok(())
+    }
+
+    /// The metadata log names a cluster other than the one this node's data
+    /// directory belongs to.
+    fn foreign_cluster(&self) -> Option<String> {
+        let expected = self.settings.expected_cluster_id.as_ref()?;
+        let found = self.core.image().cluster_id.as_ref()?;
+        (found != expected).then(|| {
+            format!(
+                "the data directory of node {} belongs to cluster {expected}, but the metadata log in {} is cluster \
+                 {found}",
+                self.settings.node_id,
+                self.settings.metadata_log_dir.display()
+            )
+        })
     }
 
     /// The quorum as this leader sees it (see [`super::describe`]).

@@ -77,7 +77,7 @@ impl TestCluster {
         cluster
     }
 
-    fn config(&self, i: usize) -> strand::BrokerConfig {
+    pub fn config(&self, i: usize) -> strand::BrokerConfig {
         let node = &self.nodes[i];
         let mut text = format!(
             "node.id={}\nprocess.roles=broker,controller\ncontroller.quorum.voters={}\n\
