@@ -105,14 +105,14 @@ impl Broker {
         let started = Instant::now();
         let cluster_quorum = config.quorum.clone().filter(|q| !q.is_single_node(config.node_id));
         if let Some(q) = &cluster_quorum {
-            if !(q.roles.broker && q.roles.controller) {
-                // Broker-only and controller-only nodes are not built yet: say so
-                // rather than run something the user did not configure.
-                return Err(StartError::Unsupported(format!(
-                    "process.roles={}: this build runs multi-node clusters of combined nodes only \
-                     (process.roles=broker,controller on every voter)",
-                    if q.roles.broker { "broker" } else { "controller" }
-                )));
+            if !q.roles.broker {
+                // Controller-only nodes are not built yet: say so rather than
+                // run something the user did not configure.
+                return Err(StartError::Unsupported(
+                    "process.roles=controller: this build runs voters that are brokers too \
+                     (process.roles=broker,controller) and broker-only nodes (process.roles=broker)"
+                        .into(),
+                ));
             }
         }
         let mut take_prebound =
@@ -148,20 +148,21 @@ impl Broker {
             }
             bound.push((l.name.clone(), local, socket));
         }
-        let controller_socket = match cluster_quorum.as_ref().and_then(|q| q.controller_listener.clone()) {
-            None => None,
-            Some(l) => match take_prebound(&l.name) {
-                Some(socket) => Some(socket),
-                None => {
-                    let addr = l.bind_addr().map_err(StartError::Listener)?;
-                    Some(TcpListener::bind(addr).await.map_err(|source| StartError::Bind {
-                        name: l.name.clone(),
-                        addr: addr.to_string(),
-                        source,
-                    })?)
-                }
-            },
-        };
+        let controller_socket =
+            match cluster_quorum.as_ref().filter(|q| q.roles.controller).and_then(|q| q.controller_listener.clone()) {
+                None => None,
+                Some(l) => match take_prebound(&l.name) {
+                    Some(socket) => Some(socket),
+                    None => {
+                        let addr = l.bind_addr().map_err(StartError::Listener)?;
+                        Some(TcpListener::bind(addr).await.map_err(|source| StartError::Bind {
+                            name: l.name.clone(),
+                            addr: addr.to_string(),
+                            source,
+                        })?)
+                    }
+                },
+            };
         let log_dir = config.log_dir.clone();
         let cfg = config.clone();
         // Log recovery is blocking file I/O.
@@ -171,7 +172,7 @@ impl Broker {
         let replicas = Arc::new(replicas);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let cluster = match (&cluster_quorum, controller_socket) {
-            (Some(q), Some(socket)) => {
+            (Some(q), socket) => {
                 let leftovers = replicas.single_node_topics();
                 if !leftovers.is_empty() {
                     return Err(StartError::Unsupported(format!(
@@ -185,7 +186,7 @@ impl Broker {
                     .map_err(|e| StartError::Unsupported(e.to_string()))?;
                 Some(ClusterNode::start(config.node_id, q, socket, meta, log_dir.clone()).await?)
             }
-            _ => None,
+            (None, _) => None,
         };
         let (groups, txns) = if cluster.is_some() {
             // The coordinators' shards start as the image places

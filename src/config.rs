@@ -551,6 +551,18 @@ impl BrokerConfig {
                 )
             })?;
             let voters_text = || voters.iter().map(|v| format!("{}@{}:{}", v.id, v.host, v.port)).collect::<Vec<_>>();
+            if !roles.controller && voters.iter().any(|v| v.id == config.node_id) {
+                return Err(invalid_at(
+                    &voters_at,
+                    "controller.quorum.voters",
+                    voters_text().join(","),
+                    format!(
+                        "this node (node.id={}) is a voter, so process.roles must include controller \
+                         (broker-only nodes are not voters)",
+                        config.node_id
+                    ),
+                ));
+            }
             if roles.controller {
                 if !voters.iter().any(|v| v.id == config.node_id) {
                     return Err(invalid_at(

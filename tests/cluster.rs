@@ -460,6 +460,77 @@ async fn transactions_span_partitions_led_by_every_broker() {
     cluster.shutdown().await;
 }
 
+/// Three voters and two broker-only nodes (process.roles=broker), which
+/// follow the metadata log by fetching it from a voter: partitions are
+/// placed on all five, clients bootstrapped from a broker-only node reach
+/// every leader, transactions are coordinated wherever their partitions
+/// are, DescribeQuorum lists the broker-only nodes as observers, and a
+/// restarted broker-only node catches up and leads its partitions again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_only_nodes_follow_the_log_and_serve() {
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    use rdkafka::producer::Producer;
+    let mut cluster = TestCluster::start_mixed(3, 2, &[]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(4), "mixed", 10, 1).await.expect("created through a broker-only node");
+    let (brokers, placement) = leaders(&cluster.bootstrap(5), "mixed");
+    assert_eq!(brokers, BTreeSet::from([1, 2, 3, 4, 5]));
+    let leading: BTreeSet<i32> = placement.values().copied().collect();
+    assert_eq!(leading, BTreeSet::from([1, 2, 3, 4, 5]), "{placement:?}");
+    produce_all(&cluster.bootstrap(5), "mixed", 10, 5, true).await;
+    let read = read_all(&cluster.bootstrap(4), "mixed", 10, 50);
+    assert!(read.values().all(|v| v.len() == 5), "{read:?}");
+
+    // A transaction over all ten partitions, its producer bootstrapped from node 4.
+    let call = Duration::from_secs(30);
+    let producer: FutureProducer = {
+        let mut c = producer_config(&cluster.bootstrap(4));
+        c.set("transactional.id", "mixed-txn").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    tokio::task::block_in_place(|| producer.init_transactions(call)).expect("init_transactions");
+    producer.begin_transaction().unwrap();
+    for p in 0..10 {
+        let value = format!("txn-{p}");
+        producer.send(FutureRecord::to("mixed").partition(p).key("k").payload(&value), call).await.expect("acked");
+    }
+    tokio::task::block_in_place(|| producer.commit_transaction(call)).expect("commit");
+    drop(producer);
+    let committed = read_isolated(&cluster.bootstrap(5), "mixed", 10, 60, true);
+    for p in 0..10 {
+        assert_eq!(committed[&p].last(), Some(&format!("txn-{p}")), "partition {p}");
+    }
+
+    // The broker-only nodes are the quorum's observers.
+    let mut conn = RawConn::connect(cluster.addr(5)).await;
+    let req = kafka_protocol::messages::DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+        .with_topic_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("__cluster_metadata")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    let resp = conn.call(&req, 2).await;
+    let q = &resp.topics[0].partitions[0];
+    let voters: Vec<i32> = q.current_voters.iter().map(|v| v.replica_id.0).collect();
+    let observers: BTreeSet<i32> = q.observers.iter().map(|v| v.replica_id.0).collect();
+    assert_eq!((voters, observers), (vec![1, 2, 3], BTreeSet::from([4, 5])), "{q:?}");
+    assert!(q.observers.iter().all(|o| o.log_end_offset > 0 && o.last_fetch_timestamp > 0), "{q:?}");
+
+    // A broker-only node restarted with nothing of the log catches up.
+    cluster.stop(4).await;
+    create_topic(&cluster.bootstrap(1), "while-away", 1, 1).await.unwrap();
+    cluster.restart(4).await;
+    cluster.wait_ready(READY).await;
+    let node4: Vec<i32> = placement.iter().filter(|(_, l)| **l == 4).map(|(p, _)| *p).collect();
+    let (c, node4) = (&cluster, &node4);
+    wait_for("node 4 to lead its partitions again", READY, Duration::from_millis(50), || {
+        let (_, now) = leaders(&c.bootstrap(4), "mixed");
+        let seen = c.state(4).cluster().unwrap().image().topic("while-away").is_some();
+        async move { (seen && node4.iter().all(|p| now.get(p) == Some(&4))).then_some(()) }
+    })
+    .await;
+    let read = read_all(&cluster.bootstrap(4), "mixed", 10, 60);
+    assert_eq!(read.values().map(Vec::len).sum::<usize>(), 60);
+    cluster.shutdown().await;
+}
+
 /// A node's data directory records its node id and, once the quorum has
 /// one, the cluster id (meta.properties). Started as another node.id it is
 /// refused, naming both ids; holding another cluster's id, the node stops,

@@ -1,7 +1,7 @@
 //! The KRaft-style cluster keys: a one-voter combined node is today's single
-//! node; node roles this build does not run yet (broker-only,
-//! controller-only) are refused at start-up with a message naming the key,
-//! touching no data. Multi-node clusters of combined nodes: tests/cluster.rs.
+//! node; controller-only nodes (not built yet) are refused at start-up with a
+//! message naming the key, touching no data. Broker-only nodes:
+//! tests/cluster.rs. Multi-node clusters of combined nodes: tests/cluster.rs.
 
 mod common;
 
@@ -23,20 +23,33 @@ async fn a_kafka_style_single_voter_node_serves_clients() {
 }
 
 #[tokio::test]
-async fn a_broker_only_node_is_refused_by_name_and_writes_nothing() {
+async fn a_controller_only_node_is_refused_by_name_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("data");
+    let port = free_port();
     let text = format!(
-        "{}process.roles=broker\ncontroller.quorum.voters=2@127.0.0.1:1,3@127.0.0.1:2,4@127.0.0.1:3\n\
-         listeners=PLAINTEXT://127.0.0.1:0\ncontroller.listener.names=CONTROLLER\n",
+        "{}process.roles=controller\ncontroller.quorum.voters=1@127.0.0.1:{port},3@127.0.0.1:2,4@127.0.0.1:3\n\
+         listeners=PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n",
         properties(&log_dir, 0)
     );
     let config = strand::BrokerConfig::from_properties(&text, "test", &[]).expect("the keys parse");
     assert_eq!(config.quorum.as_ref().unwrap().voters.len(), 3);
     let err = match strand::Broker::start(config).await {
-        Ok(_) => panic!("a broker-only node started"),
+        Ok(_) => panic!("a controller-only node started"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("process.roles=broker"), "{err}");
+    assert!(err.contains("process.roles=controller"), "{err}");
     assert!(!log_dir.exists(), "start-up wrote {}", log_dir.display());
+}
+
+#[test]
+fn a_broker_only_node_listed_as_a_voter_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "{}process.roles=broker\ncontroller.quorum.voters=1@127.0.0.1:1,2@127.0.0.1:2,3@127.0.0.1:3\n\
+         controller.listener.names=CONTROLLER\n",
+        properties(&dir.path().join("data"), 0)
+    );
+    let err = strand::BrokerConfig::from_properties(&text, "test", &[]).unwrap_err().to_string();
+    assert!(err.contains("controller.quorum.voters") && err.contains("process.roles"), "{err}");
 }

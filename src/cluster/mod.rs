@@ -1,9 +1,12 @@
 //! A broker that is one node of a multi-node cluster: its controller (a
-//! voter of the metadata quorum, in combined mode), the metadata image it
+//! voter of the metadata quorum, in combined mode) or, on a broker-only
+//! node, its follower of the metadata log ([`observer`]), the image it
 //! serves from, its registration with the active controller and the
 //! partitions the image places on it.
 //!
 //! - [`ClusterNode`]: the controller handle, the image, who leads what.
+//! - [`observer`]: a broker-only node fetching the log from a voter.
+//! - [`meta_properties`]: the log directory's node and cluster ids.
 //! - [`lifecycle`]: registration, heartbeats, controlled shutdown.
 //! - [`publisher`]: applies each new image to the local logs (the
 //!   partitions placed here are opened or created, the others removed).
@@ -13,6 +16,7 @@
 
 pub mod lifecycle;
 pub mod meta_properties;
+pub mod observer;
 pub mod peers;
 pub mod publisher;
 
@@ -44,9 +48,17 @@ pub enum Leadership {
     Unknown,
 }
 
+/// How this node takes part in the metadata quorum.
+enum Quorum {
+    /// A voter: its own raft node applies the log (combined nodes).
+    Voter(Controller),
+    /// Not a voter (a broker-only node): it fetches the log from a voter.
+    Observer(observer::MetadataObserver),
+}
+
 pub struct ClusterNode {
     pub node_id: i32,
-    controller: Controller,
+    quorum: Quorum,
     image: watch::Receiver<Arc<ClusterImage>>,
     /// This process's registration: a new one on every start.
     pub incarnation_id: Uuid,
@@ -71,23 +83,36 @@ pub enum ProducerIdError {
 }
 
 impl ClusterNode {
-    /// Opens the metadata log and joins the quorum on the bound CONTROLLER
-    /// listener.
+    /// A voter (given its bound CONTROLLER listener) opens the metadata log
+    /// and joins the quorum; a broker-only node (no listener) starts
+    /// following the log from the voters.
     pub async fn start(
         node_id: i32,
         quorum: &QuorumSettings,
-        controller_listener: TcpListener,
+        controller_listener: Option<TcpListener>,
         meta: meta_properties::MetaProperties,
         log_dir: std::path::PathBuf,
     ) -> Result<Arc<ClusterNode>, DriverStartError> {
-        let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
-        settings.session_timeout_ms = quorum.session_timeout_ms;
-        settings.expected_cluster_id = meta.cluster_id.clone();
-        let controller = Controller::start(settings, controller_listener).await?;
-        let image = controller.image();
+        let quorum_role = match controller_listener {
+            Some(listener) => {
+                let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
+                settings.session_timeout_ms = quorum.session_timeout_ms;
+                settings.expected_cluster_id = meta.cluster_id.clone();
+                Quorum::Voter(Controller::start(settings, listener).await?)
+            }
+            None => Quorum::Observer(observer::MetadataObserver::start(
+                node_id,
+                quorum.voters.clone(),
+                meta.cluster_id.clone(),
+            )),
+        };
+        let image = match &quorum_role {
+            Quorum::Voter(c) => c.image(),
+            Quorum::Observer(o) => o.image(),
+        };
         Ok(Arc::new(ClusterNode {
             node_id,
-            controller,
+            quorum: quorum_role,
             image,
             incarnation_id: Uuid::new_v4(),
             broker_epoch: AtomicI64::new(-1),
@@ -115,7 +140,10 @@ impl ClusterNode {
 
     /// Who leads the quorum (the active controller), as this node sees it.
     pub fn quorum(&self) -> QuorumView {
-        *self.controller.view().borrow()
+        match &self.quorum {
+            Quorum::Voter(c) => *c.view().borrow(),
+            Quorum::Observer(o) => *o.view().borrow(),
+        }
     }
 
     pub fn broker_epoch(&self) -> i64 {
@@ -146,7 +174,10 @@ impl ClusterNode {
     /// Asks the active controller (forwarding as needed) and returns once
     /// this broker's image includes the answer.
     pub async fn submit(&self, request: Request) -> Result<Reply, DriverError> {
-        self.controller.submit(request, CONTROLLER_REQUEST_TIMEOUT).await
+        match &self.quorum {
+            Quorum::Voter(c) => c.submit(request, CONTROLLER_REQUEST_TIMEOUT).await,
+            Quorum::Observer(o) => o.submit(request, CONTROLLER_REQUEST_TIMEOUT).await,
+        }
     }
 
     /// Creates `name` through the controller unless the image has it;
@@ -212,11 +243,17 @@ impl ClusterNode {
 
     /// Resolves when this node's controller stopped on its own, with why.
     pub async fn failed(&self) -> String {
-        self.controller.failed().await
+        match &self.quorum {
+            Quorum::Voter(c) => c.failed().await,
+            Quorum::Observer(o) => o.failed().await,
+        }
     }
 
     /// Stops the controller (everything it acknowledged is on disk).
     pub async fn stop(&self) {
-        self.controller.stop().await;
+        match &self.quorum {
+            Quorum::Voter(c) => c.stop().await,
+            Quorum::Observer(o) => o.stop().await,
+        }
     }
 }

@@ -29,9 +29,11 @@ use raft::StateRole;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use super::client::ControllerClient;
 use super::core::{ControllerCore, CoreSettings, Effect, Input as CoreInput, Reply, Request, RequestId};
 use super::describe::{wall_clock_ms, FollowerContact, QuorumDescription, ReplicaDescription};
 use super::disk::DiskStore;
+use super::feed::MetadataFeed;
 use super::node::{is_app_data, LeaderChange, ProposeError, QuorumConfig, QuorumNode};
 use super::store::StoreError;
 use super::transport::{self, Hello, Purpose};
@@ -112,9 +114,7 @@ enum Input {
     Stop,
 }
 
-/// A reply and the metadata offset it was answered at (the offset of the
-/// request's committed batch, or later).
-type Answer = Result<(Reply, u64), DriverError>;
+pub(crate) use super::client::Answer;
 
 /// A running controller.
 pub struct Controller {
@@ -128,9 +128,8 @@ pub struct Controller {
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     node_id: i32,
     voters: Vec<Voter>,
-    voters_text: String,
-    /// The open connection for forwarded requests, and whom it reaches.
-    forward: tokio::sync::Mutex<Option<(i32, TcpStream)>>,
+    /// Forwards requests to the leader when it is another voter.
+    client: ControllerClient,
 }
 
 impl Controller {
@@ -157,6 +156,7 @@ impl Controller {
         let (image_tx, image_rx) = watch::channel(Arc::new(image.clone()));
         let (view_tx, view_rx) = watch::channel(QuorumView { leader: None, term: 0, is_leader: false });
         let (fatal_tx, fatal_rx) = watch::channel(None);
+        let feed = MetadataFeed::new(applied);
         let voters_text = transport::canonical_voters(&settings.voters);
         let (node_id, voters, voters_copy) = (settings.node_id, settings.voters.clone(), voters_text.clone());
 
@@ -182,6 +182,7 @@ impl Controller {
             settings.voters.clone(),
             hello_source(settings.node_id, voters_text, image_rx.clone(), settings.expected_cluster_id.clone()),
             inputs.clone(),
+            Followers { feed: feed.clone(), images: image_rx.clone(), view: view_rx.clone() },
         )));
         let ticker = inputs.clone();
         let tick = settings.tick;
@@ -209,11 +210,13 @@ impl Controller {
             started: Instant::now(),
             contact: HashMap::new(),
             fatal_tx,
+            feed,
         };
         let thread = std::thread::Builder::new()
             .name("strand-controller".into())
             .spawn(move || run.run(rx))
             .expect("controller thread starts");
+        let client_images = image_rx.clone();
         Ok(Controller {
             inputs,
             image: image_rx,
@@ -222,9 +225,8 @@ impl Controller {
             thread: std::sync::Mutex::new(Some(thread)),
             tasks: std::sync::Mutex::new(tasks),
             node_id,
-            voters,
-            voters_text: voters_copy,
-            forward: tokio::sync::Mutex::new(None),
+            voters: voters.clone(),
+            client: ControllerClient::new(node_id, voters, voters_copy, client_images),
         })
     }
 
@@ -246,87 +248,17 @@ impl Controller {
     /// applied the reply's offset, so a Metadata request that follows sees
     /// the change. Safe to retry: every record applies idempotently.
     pub async fn submit(&self, request: Request, timeout: Duration) -> Result<Reply, DriverError> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            let leader = self.view.borrow().leader;
-            let answer = match leader {
-                Some(l) if l == self.node_id => self.request_here(request.clone()).await,
-                Some(l) => self.forward(l, &request).await,
-                None => Err(DriverError::NotController { leader: None }),
-            };
-            match answer {
-                Ok((reply, offset)) => {
-                    let mut image = self.image.clone();
-                    let applied = tokio::time::timeout_at(deadline, image.wait_for(|i| i.offset >= offset)).await;
-                    return match applied {
-                        Ok(Ok(_)) => Ok(reply),
-                        Ok(Err(_)) => Err(DriverError::Stopped),
-                        Err(_) => Err(DriverError::Timeout),
-                    };
+        let ask = |leader: i32| -> futures_util::future::BoxFuture<'_, Answer> {
+            let request = request.clone();
+            Box::pin(async move {
+                if leader == self.node_id {
+                    self.request_here(request).await
+                } else {
+                    self.client.forward(leader, &request).await
                 }
-                Err(DriverError::Stopped) => return Err(DriverError::Stopped),
-                Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
-                Err(_) => {}
-            }
-            // Wait for a (new) leader to be known, or a short while.
-            let mut view = self.view.clone();
-            let _ = tokio::time::timeout(Duration::from_millis(100), view.changed()).await;
-        }
-    }
-
-    /// One request to the controller on `leader`, over the cached connection
-    /// (reopened if it went to someone else or broke).
-    async fn forward(&self, leader: i32, request: &Request) -> Answer {
-        let Some(voter) = self.voters.iter().find(|v| v.id == leader) else {
-            return Err(DriverError::Unreachable(format!("leader {leader} is not in controller.quorum.voters")));
+            })
         };
-        let mut cached = self.forward.lock().await;
-        let body = serde_json::to_vec(request).expect("requests serialise");
-        for attempt in 0..2 {
-            if cached.as_ref().is_none_or(|(id, _)| *id != leader) {
-                *cached = None;
-                let addr = format!("{}:{}", voter.host, voter.port);
-                let connect = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(&addr)).await;
-                let mut stream = match connect {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: {e}"))),
-                    Err(_) => {
-                        return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: timed out")))
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let hello = Hello {
-                    node_id: self.node_id,
-                    voters: self.voters_text.clone(),
-                    cluster_id: self.image.borrow().cluster_id.clone(),
-                    purpose: Purpose::Requests,
-                };
-                if let Err(e) = transport::connect_handshake(&mut stream, &hello).await {
-                    return Err(DriverError::Unreachable(format!("controller {leader} at {addr}: {e}")));
-                }
-                *cached = Some((leader, stream));
-            }
-            let (_, stream) = cached.as_mut().expect("connected above");
-            let exchanged = async {
-                transport::write_frame(stream, &body).await?;
-                transport::read_frame(stream).await
-            };
-            match exchanged.await {
-                Ok(frame) => {
-                    return serde_json::from_slice::<Answer>(&frame).unwrap_or_else(|e| {
-                        Err(DriverError::Unreachable(format!("controller {leader} answered: {e}")))
-                    });
-                }
-                // A cached connection may have been closed by the peer: one fresh try.
-                Err(e) => {
-                    *cached = None;
-                    if attempt == 1 {
-                        return Err(DriverError::Unreachable(format!("controller {leader}: {e}")));
-                    }
-                }
-            }
-        }
-        unreachable!("the loop returns on its second attempt")
+        super::client::submit(&self.image, &self.view, &self.voters, timeout, ask).await
     }
 
     /// The image as of the last entry applied here.
@@ -410,6 +342,8 @@ struct Run {
     /// Followers' last responses, for DescribeQuorum (kept while leader).
     contact: HashMap<u64, FollowerContact>,
     fatal_tx: watch::Sender<Option<String>>,
+    /// Recently applied batches, for broker-only nodes following the log.
+    feed: Arc<MetadataFeed>,
 }
 
 impl Run {
@@ -528,6 +462,7 @@ impl Run {
                 match ClusterImage::decode(&snap.data) {
                     Ok(mut image) => {
                         image.offset = snap.get_metadata().index;
+                        self.feed.reset(image.offset);
                         self.core = ControllerCore::new(self.core_settings(), image);
                     }
                     Err(reason) => {
@@ -540,6 +475,7 @@ impl Run {
                 if is_app_data(e) {
                     match RecordBatch::decode(e.index, &e.data) {
                         Ok(batch) => {
+                            self.feed.push(e.index, batch.clone());
                             let effects = self.core.step(CoreInput::Committed { offset: e.index, batch });
                             self.effects(effects, None);
                         }
@@ -621,7 +557,8 @@ impl Run {
             leader_epoch: self.node.term() as i32,
             high_watermark: self.node.commit_index() as i64 + 1,
             voters,
-            observers: Vec::new(),
+            // Broker-only nodes that fetched from this leader within a session timeout.
+            observers: self.feed.observers(Duration::from_millis(self.settings.session_timeout_ms)),
         }
     }
 
@@ -725,11 +662,20 @@ async fn send_to_peer(
 }
 
 /// Accepts peers' connections on the CONTROLLER listener.
+/// What a voter serves broker-only nodes from.
+#[derive(Clone)]
+struct Followers {
+    feed: Arc<MetadataFeed>,
+    images: watch::Receiver<Arc<ClusterImage>>,
+    view: watch::Receiver<QuorumView>,
+}
+
 async fn accept_peers(
     listener: TcpListener,
     voters: Vec<Voter>,
     hello: impl Fn() -> Hello + Send + Clone + 'static,
     inputs: mpsc::UnboundedSender<Input>,
+    followers: Followers,
 ) {
     loop {
         let Ok((mut stream, from)) = listener.accept().await else { continue };
@@ -737,6 +683,7 @@ async fn accept_peers(
         let voters = voters.clone();
         let hello = hello.clone();
         let inputs = inputs.clone();
+        let followers = followers.clone();
         tokio::spawn(async move {
             let peer = match transport::accept_handshake(&mut stream, &hello(), &voters).await {
                 Ok(h) => h,
@@ -745,9 +692,13 @@ async fn accept_peers(
                     return;
                 }
             };
-            if peer.purpose == Purpose::Requests {
-                serve_requests(stream, peer.node_id, inputs).await;
-                return;
+            match peer.purpose {
+                Purpose::Requests => return serve_requests(stream, peer.node_id, inputs).await,
+                Purpose::Metadata => {
+                    let Followers { feed, images, view } = followers;
+                    return super::feed::serve(stream, peer.node_id, feed, images, view).await;
+                }
+                Purpose::Raft => {}
             }
             while let Ok(frame) = transport::read_frame(&mut stream).await {
                 match Message::parse_from_bytes(&frame) {

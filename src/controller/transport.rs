@@ -8,7 +8,9 @@
 //! (JSON, one reply per request, in order) on a [`Purpose::Requests`] one.
 //!
 //! A peer is refused, with the reason sent back and logged on both sides,
-//! when its node id is not one of our voters, when its voters list differs
+//! when it speaks raft but its node id is not one of our voters (a
+//! broker-only node may only send requests and fetch the log), when its
+//! voters list differs
 //! from ours (two nodes configured differently must not form a quorum), or
 //! when both know a cluster id and the ids differ.
 
@@ -39,6 +41,8 @@ pub enum Purpose {
     /// A broker's requests for the active controller (registration,
     /// heartbeats, forwarded admin requests), answered in order.
     Requests,
+    /// A broker-only node following the metadata log (see [`super::feed`]).
+    Metadata,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,7 +94,9 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Result<Vec<u8>, Tran
 
 /// Why we refuse a peer's hello, if we do.
 pub fn check_hello(ours: &Hello, voters: &[Voter], theirs: &Hello) -> Result<(), String> {
-    if !voters.iter().any(|v| v.id == theirs.node_id) {
+    // Only voters speak raft; brokers that are not voters (broker-only
+    // nodes) may send requests and follow the log.
+    if theirs.purpose == Purpose::Raft && !voters.iter().any(|v| v.id == theirs.node_id) {
         return Err(format!(
             "node {} is not one of the voters in controller.quorum.voters ({})",
             theirs.node_id, ours.voters
@@ -185,6 +191,12 @@ mod tests {
         let (c, s) = shake(hello(1, &v, None), v.clone(), hello(9, &v, None)).await;
         assert!(c.unwrap_err().contains("node 9 is not one of the voters"));
         assert!(s.is_err());
+
+        // A broker-only node may fetch the log and send requests.
+        for purpose in [Purpose::Metadata, Purpose::Requests] {
+            let (c, s) = shake(hello(1, &v, None), v.clone(), Hello { purpose, ..hello(9, &v, None) }).await;
+            assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+        }
 
         let other = voters(&[1, 2, 4]);
         let (c, _) = shake(hello(1, &v, None), v.clone(), hello(2, &other, None)).await;

@@ -11,6 +11,8 @@ use tokio::net::TcpListener;
 
 pub struct ClusterNode {
     pub id: i32,
+    /// A voter (combined broker+controller) or a broker-only node.
+    pub voter: bool,
     pub dir: PathBuf,
     pub client_port: u16,
     pub controller_port: u16,
@@ -28,6 +30,14 @@ impl TestCluster {
     /// Starts `n` nodes (ids 1..=n) with short heartbeat and session
     /// timeouts; `extra` are `key=value` lines for every node.
     pub async fn start(n: i32, extra: &[&str]) -> TestCluster {
+        Self::start_mixed(n, 0, extra).await
+    }
+
+    /// `voters` combined broker+controller nodes (ids 1..=voters), then
+    /// `brokers` broker-only nodes (the next ids), which follow the log
+    /// from the voters.
+    pub async fn start_mixed(voters: i32, brokers: i32, extra: &[&str]) -> TestCluster {
+        let n = voters + brokers;
         let root = tempfile::tempdir().expect("tempdir");
         let mut bound = Vec::new();
         for id in 1..=n {
@@ -35,8 +45,10 @@ impl TestCluster {
             let controller = TcpListener::bind("127.0.0.1:0").await.expect("bind controller listener");
             bound.push((id, client, controller));
         }
+        let voter_count = voters;
         let voters = bound
             .iter()
+            .filter(|(id, _, _)| *id <= voter_count)
             .map(|(id, _, c)| format!("{id}@127.0.0.1:{}", c.local_addr().unwrap().port()))
             .collect::<Vec<_>>()
             .join(",");
@@ -51,6 +63,7 @@ impl TestCluster {
             let dir = cluster._root.path().join(format!("node-{id}"));
             cluster.nodes.push(ClusterNode {
                 id,
+                voter: id <= voter_count,
                 dir,
                 client_port: client.local_addr().unwrap().port(),
                 controller_port: controller.local_addr().unwrap().port(),
@@ -61,14 +74,12 @@ impl TestCluster {
         // Start all at once: a quorum needs a majority before anyone can register.
         let starts = listeners.into_iter().enumerate().map(|(i, (client, controller))| {
             let config = cluster.config(i);
-            async move {
-                strand::Broker::start_with_listeners(
-                    config,
-                    vec![("PLAINTEXT".to_string(), client), ("CONTROLLER".to_string(), controller)],
-                )
-                .await
-                .expect("cluster node starts")
+            // A broker-only node binds no CONTROLLER listener.
+            let mut prebound = vec![("PLAINTEXT".to_string(), client)];
+            if cluster.nodes[i].voter {
+                prebound.push(("CONTROLLER".to_string(), controller));
             }
+            async move { strand::Broker::start_with_listeners(config, prebound).await.expect("cluster node starts") }
         });
         let handles = futures_util::future::join_all(starts).await;
         for (node, handle) in cluster.nodes.iter_mut().zip(handles) {
@@ -79,15 +90,21 @@ impl TestCluster {
 
     pub fn config(&self, i: usize) -> strand::BrokerConfig {
         let node = &self.nodes[i];
+        let (roles, listeners) = if node.voter {
+            (
+                "broker,controller",
+                format!("PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}", node.client_port, node.controller_port),
+            )
+        } else {
+            ("broker", format!("PLAINTEXT://127.0.0.1:{}", node.client_port))
+        };
         let mut text = format!(
-            "node.id={}\nprocess.roles=broker,controller\ncontroller.quorum.voters={}\n\
-             listeners=PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}\ncontroller.listener.names=CONTROLLER\n\
+            "node.id={}\nprocess.roles={roles}\ncontroller.quorum.voters={}\n\
+             listeners={listeners}\ncontroller.listener.names=CONTROLLER\n\
              log.dirs={}\nnum.partitions=1\ndefault.replication.factor=1\n\
              broker.heartbeat.interval.ms=300\nbroker.session.timeout.ms=3000\n",
             node.id,
             self.voters,
-            node.client_port,
-            node.controller_port,
             node.dir.join("data").display()
         );
         for line in &self.extra {
