@@ -106,11 +106,9 @@ impl Broker {
         let cluster_quorum = config.quorum.clone().filter(|q| !q.is_single_node(config.node_id));
         if let Some(q) = &cluster_quorum {
             if !q.roles.broker {
-                // Controller-only nodes are not built yet: say so rather than
-                // run something the user did not configure.
                 return Err(StartError::Unsupported(
-                    "process.roles=controller: this build runs voters that are brokers too \
-                     (process.roles=broker,controller) and broker-only nodes (process.roles=broker)"
+                    "process.roles=controller: a controller-only node serves no clients; it runs as \
+                     strand::ControllerNode (the strand binary picks it from process.roles)"
                         .into(),
                 ));
             }

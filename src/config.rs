@@ -165,6 +165,11 @@ pub struct QuorumSettings {
 }
 
 impl QuorumSettings {
+    /// `process.roles=controller`: a voter that serves no clients.
+    pub fn is_controller_only(&self) -> bool {
+        self.roles.controller && !self.roles.broker
+    }
+
     /// A single combined node that is the only voter: today's single node.
     pub fn is_single_node(&self, node_id: i32) -> bool {
         self.roles.broker && self.roles.controller && self.voters.len() == 1 && self.voters[0].id == node_id
@@ -655,7 +660,8 @@ impl BrokerConfig {
                 "must not exceed group.max.session.timeout.ms",
             ));
         }
-        if self.listeners.is_empty() {
+        let controller_only = self.quorum.as_ref().is_some_and(|q| q.roles.controller && !q.roles.broker);
+        if self.listeners.is_empty() && !controller_only {
             return Err(invalid("listeners", String::new(), "at least one listener is required"));
         }
         for l in &self.listeners {

@@ -15,7 +15,8 @@
 //! - [`metadata`]: the persisted topic registry and cluster identity.
 //! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
 //! - [`shard`]: the shard handle and fan-out both coordinators use.
-//! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`].
+//! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`];
+//!   a controller-only node is a [`ControllerNode`] instead.
 
 pub mod alloc_guard;
 pub mod api;
@@ -23,6 +24,7 @@ pub mod broker;
 pub mod cluster;
 pub mod config;
 pub mod controller;
+pub mod controller_node;
 pub mod group;
 pub mod metadata;
 pub mod replica;
@@ -34,3 +36,4 @@ pub mod util;
 
 pub use broker::{Broker, BrokerHandle, StartError};
 pub use config::BrokerConfig;
+pub use controller_node::ControllerNode;

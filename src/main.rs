@@ -59,6 +59,9 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        if config.quorum.as_ref().is_some_and(|q| q.is_controller_only()) {
+            return run_controller(config).await;
+        }
         let broker = match Broker::start(config).await {
             Ok(b) => b,
             Err(e) => {
@@ -80,6 +83,30 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// A controller-only node (`process.roles=controller`) until a signal.
+async fn run_controller(config: strand::BrokerConfig) -> ExitCode {
+    let node = match strand::ControllerNode::start(config).await {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("strand: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let failure = tokio::select! {
+        _ = wait_for_signal() => None,
+        reason = node.failed() => Some(reason),
+    };
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    match failure {
+        None => ExitCode::SUCCESS,
+        Some(reason) => {
+            eprintln!("strand: {reason}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// `--repair-log`: report (and with `truncate`, cut at) a partition's first damaged batch.

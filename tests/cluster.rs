@@ -12,7 +12,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::Duration;
 
-use common::cluster::TestCluster;
+use common::cluster::{Role, TestCluster};
 use common::*;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
@@ -470,7 +470,9 @@ async fn transactions_span_partitions_led_by_every_broker() {
 async fn broker_only_nodes_follow_the_log_and_serve() {
     use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
     use rdkafka::producer::Producer;
-    let mut cluster = TestCluster::start_mixed(3, 2, &[]).await;
+    let mut cluster =
+        TestCluster::start_roles(&[Role::Combined, Role::Combined, Role::Combined, Role::Broker, Role::Broker], &[])
+            .await;
     cluster.wait_ready(READY).await;
     create_topic(&cluster.bootstrap(4), "mixed", 10, 1).await.expect("created through a broker-only node");
     let (brokers, placement) = leaders(&cluster.bootstrap(5), "mixed");
@@ -528,6 +530,94 @@ async fn broker_only_nodes_follow_the_log_and_serve() {
     .await;
     let read = read_all(&cluster.bootstrap(4), "mixed", 10, 60);
     assert_eq!(read.values().map(Vec::len).sum::<usize>(), 60);
+    cluster.shutdown().await;
+}
+
+/// Kafka's isolated mode: three controller-only nodes (process.roles=
+/// controller) and two broker-only nodes. Partitions go to the brokers
+/// only; clients see the brokers, with a broker as the controller they
+/// talk to, while DescribeCluster for controllers and DescribeQuorum name
+/// the real active controller; groups and transactions work; killing the
+/// active controller moves the quorum and admin requests carry on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn controller_only_nodes_run_the_quorum_for_broker_only_nodes() {
+    use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
+    use rdkafka::producer::Producer;
+    let roles = [Role::Controller, Role::Controller, Role::Controller, Role::Broker, Role::Broker];
+    let mut cluster = TestCluster::start_roles(&roles, &[]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(4), "isolated", 4, 1).await.expect("created");
+    let (brokers, placement) = leaders(&cluster.bootstrap(5), "isolated");
+    assert_eq!(brokers, BTreeSet::from([4, 5]), "only brokers are listed");
+    assert_eq!(placement.values().copied().collect::<BTreeSet<_>>(), BTreeSet::from([4, 5]), "{placement:?}");
+    let md =
+        RawConn::connect(cluster.addr(4)).await.call(&MetadataRequest::default().with_topics(Some(vec![])), 12).await;
+    assert!([4, 5].contains(&md.controller_id.0), "clients are told a broker: {}", md.controller_id.0);
+    let active = cluster.active_controller().expect("an active controller");
+    assert!([1, 2, 3].contains(&active));
+    let dc = RawConn::connect(cluster.addr(5))
+        .await
+        .call(&kafka_protocol::messages::DescribeClusterRequest::default().with_endpoint_type(2), 1)
+        .await;
+    assert_eq!(dc.controller_id.0, active);
+    assert_eq!(dc.brokers.iter().map(|b| b.broker_id.0).collect::<BTreeSet<_>>(), BTreeSet::from([1, 2, 3]));
+    let req = kafka_protocol::messages::DescribeQuorumRequest::default().with_topics(vec![TopicData::default()
+        .with_topic_name(TopicName(kafka_protocol::protocol::StrBytes::from_static_str("__cluster_metadata")))
+        .with_partitions(vec![PartitionData::default().with_partition_index(0)])]);
+    let q = RawConn::connect(cluster.addr(4)).await.call(&req, 2).await;
+    let q = &q.topics[0].partitions[0];
+    assert_eq!(q.leader_id.0, active);
+    assert_eq!(q.observers.iter().map(|o| o.replica_id.0).collect::<BTreeSet<_>>(), BTreeSet::from([4, 5]));
+
+    // Data, a consumer group and a transaction through the brokers.
+    produce_all(&cluster.bootstrap(4), "isolated", 4, 5, true).await;
+    let call = Duration::from_secs(30);
+    let producer: FutureProducer = {
+        let mut c = producer_config(&cluster.bootstrap(5));
+        c.set("transactional.id", "isolated-txn").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    tokio::task::block_in_place(|| producer.init_transactions(call)).expect("init_transactions");
+    producer.begin_transaction().unwrap();
+    for p in 0..4 {
+        let value = format!("txn-{p}");
+        producer.send(FutureRecord::to("isolated").partition(p).key("k").payload(&value), call).await.expect("acked");
+    }
+    tokio::task::block_in_place(|| producer.commit_transaction(call)).expect("commit");
+    drop(producer);
+    let committed = read_isolated(&cluster.bootstrap(4), "isolated", 4, 24, true);
+    assert!((0..4).all(|p| committed[&p].len() == 6), "{committed:?}");
+    let group: BaseConsumer = {
+        let mut c = consumer_config(&cluster.bootstrap(5));
+        c.set("group.id", "isolated-group").set("enable.partition.eof", "false");
+        c.create().unwrap()
+    };
+    group.subscribe(&["isolated"]).unwrap();
+    let mut seen = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while seen < 24 {
+        assert!(std::time::Instant::now() < deadline, "group read {seen} of 24");
+        if let Some(Ok(_)) = group.poll(Duration::from_millis(100)) {
+            seen += 1;
+        }
+    }
+    let positions = group.position().unwrap();
+    group.commit(&positions, rdkafka::consumer::CommitMode::Sync).expect("commit offsets");
+    // Not dropped: as with the transactional consumer above, librdkafka's
+    // rd_kafka_destroy of this group consumer waited for ever on one broker
+    // thread (traced: every request both brokers received was answered and
+    // every connection closed first), like librdkafka issue 3954.
+    std::mem::forget(group);
+
+    // The active controller stops: another takes over and admin requests carry on.
+    cluster.stop(active).await;
+    create_topic(&cluster.bootstrap(4), "after-controller", 2, 1).await.expect("created after failover");
+    let (_, after) = leaders(&cluster.bootstrap(5), "after-controller");
+    assert!(after.values().all(|l| [4, 5].contains(l)), "{after:?}");
+    let meta = std::fs::read_to_string(cluster.node(active).dir.join("data").join("meta.properties")).unwrap();
+    assert!(meta.contains(&format!("node.id={active}")) && meta.contains("cluster.id="), "{meta}");
+    cluster.restart(active).await;
+    cluster.wait_ready(READY).await;
     cluster.shutdown().await;
 }
 

@@ -1,7 +1,7 @@
 //! The KRaft-style cluster keys: a one-voter combined node is today's single
-//! node; controller-only nodes (not built yet) are refused at start-up with a
-//! message naming the key, touching no data. Broker-only nodes:
-//! tests/cluster.rs. Multi-node clusters of combined nodes: tests/cluster.rs.
+//! node; a controller-only node and a broker-only node run as real
+//! processes; misconfigurations are refused by name. Larger clusters of
+//! every kind of node: tests/cluster.rs.
 
 mod common;
 
@@ -22,24 +22,67 @@ async fn a_kafka_style_single_voter_node_serves_clients() {
     broker.shutdown().await;
 }
 
+/// `Broker` is the node that serves clients: given a controller-only
+/// configuration it refuses, pointing at `ControllerNode`, and writes nothing.
 #[tokio::test]
-async fn a_controller_only_node_is_refused_by_name_and_writes_nothing() {
+async fn a_broker_refuses_a_controller_only_configuration_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("data");
     let port = free_port();
     let text = format!(
         "{}process.roles=controller\ncontroller.quorum.voters=1@127.0.0.1:{port},3@127.0.0.1:2,4@127.0.0.1:3\n\
-         listeners=PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n",
+         listeners=CONTROLLER://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n",
         properties(&log_dir, 0)
     );
     let config = strand::BrokerConfig::from_properties(&text, "test", &[]).expect("the keys parse");
-    assert_eq!(config.quorum.as_ref().unwrap().voters.len(), 3);
+    assert!(config.quorum.as_ref().unwrap().is_controller_only());
     let err = match strand::Broker::start(config).await {
-        Ok(_) => panic!("a controller-only node started"),
+        Ok(_) => panic!("a broker started as a controller-only node"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("process.roles=controller"), "{err}");
+    assert!(err.contains("process.roles=controller") && err.contains("ControllerNode"), "{err}");
     assert!(!log_dir.exists(), "start-up wrote {}", log_dir.display());
+}
+
+/// Two real processes: a controller-only node (the only voter; it binds
+/// nothing but its CONTROLLER listener) and a broker-only node following
+/// it. A client produces and reads back through the broker, the
+/// controller's directory holds meta.properties with both ids, and both
+/// stop on SIGTERM with status 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_only_and_broker_only_processes_serve_a_client() {
+    let dir = tempfile::tempdir().unwrap();
+    let controller_port = free_port();
+    let voters = format!("controller.quorum.voters=1@127.0.0.1:{controller_port}");
+    let mut controller =
+        common::child::ChildBroker::new(&dir.path().join("controller")).with_port(controller_port).with_properties(&[
+            "process.roles=controller",
+            &voters,
+            &format!("listeners=CONTROLLER://127.0.0.1:{controller_port}"),
+            "controller.listener.names=CONTROLLER",
+        ]);
+    std::fs::create_dir_all(dir.path().join("controller")).unwrap();
+    controller.start();
+    let mut broker = common::child::ChildBroker::new(&dir.path().join("broker")).with_properties(&[
+        "node.id=2",
+        "process.roles=broker",
+        &voters,
+        "controller.listener.names=CONTROLLER",
+        "broker.heartbeat.interval.ms=300",
+        "broker.session.timeout.ms=3000",
+    ]);
+    std::fs::create_dir_all(dir.path().join("broker")).unwrap();
+    broker.start();
+    let (partition, offset) = produce_one(&broker.bootstrap(), "split-roles", 0, b"through a broker-only node").await;
+    assert_eq!((partition, offset), (0, 0));
+    let read = consume(&broker.bootstrap(), "split-roles", 0, 0, 1, std::time::Duration::from_secs(20)).await;
+    assert_eq!(read, vec![(0, b"through a broker-only node".to_vec())]);
+    let meta = std::fs::read_to_string(controller.log_dir().join("meta.properties")).unwrap();
+    assert!(meta.contains("node.id=1\ncluster.id="), "{meta}");
+    assert!(broker.partition_dir("split-roles", 0).is_dir(), "the partition lives on the broker");
+    assert!(!controller.log_dir().join("split-roles-0").exists(), "and not on the controller");
+    broker.stop();
+    controller.stop();
 }
 
 #[test]

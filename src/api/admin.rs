@@ -291,7 +291,12 @@ pub fn describe_cluster(ctx: &RequestContext, req: DescribeClusterRequest) -> De
             .with_error_code(0)
             .with_endpoint_type(if ctx.version >= 1 { req.endpoint_type } else { 1 })
             .with_cluster_id(str_bytes(&ctx.state.cluster_id()))
-            .with_controller_id(BrokerId(cluster.quorum().leader.unwrap_or(-1)))
+            .with_controller_id(BrokerId(if ctx.version >= 1 && req.endpoint_type == 2 {
+                // Controllers: the active one, whether or not it is a broker too.
+                cluster.quorum().leader.unwrap_or(-1)
+            } else {
+                cluster.controller_id_for_clients()
+            }))
             .with_brokers(brokers)
             .with_cluster_authorized_operations(i32::MIN);
     }

@@ -285,7 +285,7 @@ pub async fn handle_cluster(ctx: &RequestContext, req: MetadataRequest) -> Metad
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(str_bytes(&state.cluster_id())))
-        .with_controller_id(BrokerId(cluster.quorum().leader.unwrap_or(-1)))
+        .with_controller_id(BrokerId(cluster.controller_id_for_clients()))
         .with_topics(topics)
         .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }

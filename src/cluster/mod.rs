@@ -146,6 +146,19 @@ impl ClusterNode {
         }
     }
 
+    /// The controller id clients are told (Metadata, DescribeCluster): the
+    /// active controller when it is also a live broker, else this broker, as
+    /// a KRaft broker answers: clients send "controller" requests to it and
+    /// it forwards them.
+    pub fn controller_id_for_clients(&self) -> i32 {
+        let leader = self.quorum().leader;
+        let image = self.image.borrow();
+        match leader {
+            Some(l) if image.brokers.get(&l).is_some_and(|b| !b.fenced) => l,
+            _ => self.node_id,
+        }
+    }
+
     pub fn broker_epoch(&self) -> i64 {
         self.broker_epoch.load(Ordering::Acquire)
     }

@@ -135,6 +135,14 @@ impl Follower {
                 Err(Retry(e)) => {
                     tracing::debug!(node = self.node_id, voter = id, error = %e, "metadata fetch failed; trying another voter");
                     target = None;
+                    // A leader we cannot reach is not one to send requests to.
+                    self.view_tx.send_if_modified(|v| {
+                        let unreachable_leader = v.leader == Some(id);
+                        if unreachable_leader {
+                            v.leader = None;
+                        }
+                        unreachable_leader
+                    });
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }

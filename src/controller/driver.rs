@@ -677,14 +677,22 @@ async fn accept_peers(
     inputs: mpsc::UnboundedSender<Input>,
     followers: Followers,
 ) {
+    // Every connection's task lives in this set, so stopping the node (which
+    // aborts this task) ends them all: none goes on answering for a stopped
+    // controller.
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let Ok((mut stream, from)) = listener.accept().await else { continue };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let Ok((mut stream, from)) = accepted else { continue };
         let _ = stream.set_nodelay(true);
         let voters = voters.clone();
         let hello = hello.clone();
         let inputs = inputs.clone();
         let followers = followers.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let peer = match transport::accept_handshake(&mut stream, &hello(), &voters).await {
                 Ok(h) => h,
                 Err(e) => {

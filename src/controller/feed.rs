@@ -160,7 +160,10 @@ pub async fn serve(
             }
         };
         let wait = Duration::from_millis(fetch.wait_ms).min(MAX_WAIT);
-        let _ = tokio::time::timeout(wait, images.wait_for(|i| i.offset > fetch.after)).await;
+        if let Ok(Err(_)) = tokio::time::timeout(wait, images.wait_for(|i| i.offset > fetch.after)).await {
+            // The controller is gone: what it last knew is no news to serve.
+            return;
+        }
         let image = images.borrow().clone();
         feed.fetched(from, fetch.after, fetch.after >= image.offset);
         let v = *view.borrow();

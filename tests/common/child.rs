@@ -31,6 +31,13 @@ impl ChildBroker {
         self
     }
 
+    /// Listens on `port` (the default is a free port picked at the first
+    /// start), for properties that must name the port before it starts.
+    pub fn with_port(mut self, port: u16) -> ChildBroker {
+        self.port = port;
+        self
+    }
+
     /// Runs later starts with this RLIMIT_NOFILE (soft and hard).
     pub fn with_nofile_limit(mut self, limit: u64) -> ChildBroker {
         self.nofile = Some(limit);

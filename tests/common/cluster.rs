@@ -1,22 +1,51 @@
-//! An in-process cluster of combined broker+controller nodes on loopback.
-//! Every node's client and CONTROLLER listeners are bound before any node
-//! starts (the voters list needs their ports) and handed to the broker
-//! bound, so no port is released and re-bound in between. A stopped node
-//! restarts on the same ports with its data.
+//! An in-process cluster on loopback: combined broker+controller nodes,
+//! and optionally broker-only and controller-only nodes. Every node's client
+//! and CONTROLLER listeners are bound before any node starts (the voters
+//! list needs their ports) and handed to the node bound, so no port is
+//! released and re-bound in between. A stopped node restarts on the same
+//! ports with its data.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 
+/// What a node of the test cluster runs as (`process.roles`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// broker,controller: a voter that serves clients.
+    Combined,
+    /// broker: follows the log from the voters.
+    Broker,
+    /// controller: a voter that serves no clients.
+    Controller,
+}
+
+impl Role {
+    pub fn is_voter(self) -> bool {
+        self != Role::Broker
+    }
+
+    pub fn is_broker(self) -> bool {
+        self != Role::Controller
+    }
+}
+
 pub struct ClusterNode {
     pub id: i32,
-    /// A voter (combined broker+controller) or a broker-only node.
-    pub voter: bool,
+    pub role: Role,
     pub dir: PathBuf,
     pub client_port: u16,
     pub controller_port: u16,
     pub handle: Option<strand::BrokerHandle>,
+    /// The running node when `role` is `Controller`.
+    pub controller: Option<strand::ControllerNode>,
+}
+
+impl ClusterNode {
+    fn is_running(&self) -> bool {
+        self.handle.is_some() || self.controller.is_some()
+    }
 }
 
 pub struct TestCluster {
@@ -27,29 +56,25 @@ pub struct TestCluster {
 }
 
 impl TestCluster {
-    /// Starts `n` nodes (ids 1..=n) with short heartbeat and session
-    /// timeouts; `extra` are `key=value` lines for every node.
+    /// Starts `n` combined nodes (ids 1..=n) with short heartbeat and
+    /// session timeouts; `extra` are `key=value` lines for every node.
     pub async fn start(n: i32, extra: &[&str]) -> TestCluster {
-        Self::start_mixed(n, 0, extra).await
+        Self::start_roles(&vec![Role::Combined; n as usize], extra).await
     }
 
-    /// `voters` combined broker+controller nodes (ids 1..=voters), then
-    /// `brokers` broker-only nodes (the next ids), which follow the log
-    /// from the voters.
-    pub async fn start_mixed(voters: i32, brokers: i32, extra: &[&str]) -> TestCluster {
-        let n = voters + brokers;
+    /// One node per entry of `roles`, ids 1.. in order.
+    pub async fn start_roles(roles: &[Role], extra: &[&str]) -> TestCluster {
         let root = tempfile::tempdir().expect("tempdir");
         let mut bound = Vec::new();
-        for id in 1..=n {
+        for (i, role) in roles.iter().enumerate() {
             let client = TcpListener::bind("127.0.0.1:0").await.expect("bind client listener");
             let controller = TcpListener::bind("127.0.0.1:0").await.expect("bind controller listener");
-            bound.push((id, client, controller));
+            bound.push((i as i32 + 1, *role, client, controller));
         }
-        let voter_count = voters;
         let voters = bound
             .iter()
-            .filter(|(id, _, _)| *id <= voter_count)
-            .map(|(id, _, c)| format!("{id}@127.0.0.1:{}", c.local_addr().unwrap().port()))
+            .filter(|(_, role, _, _)| role.is_voter())
+            .map(|(id, _, _, c)| format!("{id}@127.0.0.1:{}", c.local_addr().unwrap().port()))
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = TestCluster {
@@ -59,44 +84,60 @@ impl TestCluster {
             _root: root,
         };
         let mut listeners = Vec::new();
-        for (id, client, controller) in bound {
+        for (id, role, client, controller) in bound {
             let dir = cluster._root.path().join(format!("node-{id}"));
             cluster.nodes.push(ClusterNode {
                 id,
-                voter: id <= voter_count,
+                role,
                 dir,
                 client_port: client.local_addr().unwrap().port(),
                 controller_port: controller.local_addr().unwrap().port(),
                 handle: None,
+                controller: None,
             });
             listeners.push((client, controller));
         }
         // Start all at once: a quorum needs a majority before anyone can register.
         let starts = listeners.into_iter().enumerate().map(|(i, (client, controller))| {
             let config = cluster.config(i);
-            // A broker-only node binds no CONTROLLER listener.
-            let mut prebound = vec![("PLAINTEXT".to_string(), client)];
-            if cluster.nodes[i].voter {
-                prebound.push(("CONTROLLER".to_string(), controller));
+            let role = cluster.nodes[i].role;
+            async move {
+                match role {
+                    Role::Controller => {
+                        let node = strand::ControllerNode::start_with_listener(config, Some(controller))
+                            .await
+                            .expect("controller node starts");
+                        (None, Some(node))
+                    }
+                    _ => {
+                        // A broker-only node binds no CONTROLLER listener.
+                        let mut prebound = vec![("PLAINTEXT".to_string(), client)];
+                        if role.is_voter() {
+                            prebound.push(("CONTROLLER".to_string(), controller));
+                        }
+                        let handle =
+                            strand::Broker::start_with_listeners(config, prebound).await.expect("cluster node starts");
+                        (Some(handle), None)
+                    }
+                }
             }
-            async move { strand::Broker::start_with_listeners(config, prebound).await.expect("cluster node starts") }
         });
         let handles = futures_util::future::join_all(starts).await;
-        for (node, handle) in cluster.nodes.iter_mut().zip(handles) {
-            node.handle = Some(handle);
+        for (node, (handle, controller)) in cluster.nodes.iter_mut().zip(handles) {
+            node.handle = handle;
+            node.controller = controller;
         }
         cluster
     }
 
     pub fn config(&self, i: usize) -> strand::BrokerConfig {
         let node = &self.nodes[i];
-        let (roles, listeners) = if node.voter {
-            (
-                "broker,controller",
-                format!("PLAINTEXT://127.0.0.1:{},CONTROLLER://127.0.0.1:{}", node.client_port, node.controller_port),
-            )
-        } else {
-            ("broker", format!("PLAINTEXT://127.0.0.1:{}", node.client_port))
+        let controller = format!("CONTROLLER://127.0.0.1:{}", node.controller_port);
+        let client = format!("PLAINTEXT://127.0.0.1:{}", node.client_port);
+        let (roles, listeners) = match node.role {
+            Role::Combined => ("broker,controller", format!("{client},{controller}")),
+            Role::Broker => ("broker", client),
+            Role::Controller => ("controller", controller),
         };
         let mut text = format!(
             "node.id={}\nprocess.roles={roles}\ncontroller.quorum.voters={}\n\
@@ -130,14 +171,16 @@ impl TestCluster {
         self.node(id).handle.as_ref().expect("node is running").state()
     }
 
+    /// The running brokers (combined and broker-only nodes).
     pub fn running(&self) -> Vec<i32> {
         self.nodes.iter().filter(|n| n.handle.is_some()).map(|n| n.id).collect()
     }
 
-    /// The active controller as the running nodes agree on it.
+    /// The active controller as every running node agrees on it.
     pub fn active_controller(&self) -> Option<i32> {
-        let views: Vec<Option<i32>> =
+        let mut views: Vec<Option<i32>> =
             self.running().iter().map(|id| self.state(*id).cluster().unwrap().quorum().leader).collect();
+        views.extend(self.nodes.iter().filter_map(|n| n.controller.as_ref()).map(|c| c.quorum().leader));
         views.first().copied().flatten().filter(|l| views.iter().all(|v| *v == Some(*l)))
     }
 
@@ -159,33 +202,51 @@ impl TestCluster {
 
     /// Graceful stop of one node (controlled shutdown, then the controller).
     pub async fn stop(&mut self, id: i32) {
-        let handle = self.nodes[(id - 1) as usize].handle.take().expect("node is running");
-        handle.shutdown().await;
+        let node = &mut self.nodes[(id - 1) as usize];
+        assert!(node.is_running(), "node {id} is running");
+        if let Some(handle) = node.handle.take() {
+            handle.shutdown().await;
+        }
+        if let Some(controller) = node.controller.take() {
+            controller.shutdown().await;
+        }
     }
 
     /// Restarts a stopped node on its ports with its data.
     pub async fn restart(&mut self, id: i32) {
-        let i = (id - 1) as usize;
-        assert!(self.nodes[i].handle.is_none(), "node {id} is running");
-        let config = self.config(i);
-        let handle = strand::Broker::start(config).await.expect("cluster node restarts");
-        self.nodes[i].handle = Some(handle);
+        self.restart_all(&[id]).await;
     }
 
     /// Restarts several stopped nodes at once (a quorum needs a majority).
     pub async fn restart_all(&mut self, ids: &[i32]) {
-        let configs: Vec<(usize, strand::BrokerConfig)> =
-            ids.iter().map(|id| ((id - 1) as usize, self.config((id - 1) as usize))).collect();
-        let starts = configs
-            .into_iter()
-            .map(|(i, config)| async move { (i, strand::Broker::start(config).await.expect("cluster node restarts")) });
-        for (i, handle) in futures_util::future::join_all(starts).await {
-            self.nodes[i].handle = Some(handle);
+        let configs: Vec<(usize, Role, strand::BrokerConfig)> = ids
+            .iter()
+            .map(|id| {
+                let i = (id - 1) as usize;
+                assert!(!self.nodes[i].is_running(), "node {id} is running");
+                (i, self.nodes[i].role, self.config(i))
+            })
+            .collect();
+        let starts = configs.into_iter().map(|(i, role, config)| async move {
+            if role == Role::Controller {
+                let node = strand::ControllerNode::start(config).await.expect("controller node restarts");
+                (i, None, Some(node))
+            } else {
+                (i, Some(strand::Broker::start(config).await.expect("cluster node restarts")), None)
+            }
+        });
+        for (i, handle, controller) in futures_util::future::join_all(starts).await {
+            self.nodes[i].handle = handle;
+            self.nodes[i].controller = controller;
         }
     }
 
+    /// Stops every node: brokers first (their controlled shutdown needs the
+    /// controllers), then controller-only nodes.
     pub async fn shutdown(mut self) {
         let stops = self.nodes.iter_mut().filter_map(|n| n.handle.take()).map(|h| h.shutdown());
+        futures_util::future::join_all(stops).await;
+        let stops = self.nodes.iter_mut().filter_map(|n| n.controller.take()).map(|c| c.shutdown());
         futures_util::future::join_all(stops).await;
     }
 }
