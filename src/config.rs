@@ -162,6 +162,9 @@ pub struct QuorumSettings {
     pub session_timeout_ms: u64,
     /// `metadata.log.dir` (default: the first log directory).
     pub metadata_log_dir: PathBuf,
+    /// Seeds the controller's ids (topic ids, hence placement) so a test
+    /// run repeats; not a server.properties key (random when `None`).
+    pub seed: Option<u64>,
 }
 
 impl QuorumSettings {
@@ -618,6 +621,7 @@ impl BrokerConfig {
                 heartbeat_interval_ms,
                 session_timeout_ms,
                 metadata_log_dir: metadata_log_dir.unwrap_or_else(|| config.log_dir.clone()),
+                seed: None,
             });
         } else if let Some((r, at)) = roles {
             if !(r.broker && r.controller) {

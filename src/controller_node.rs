@@ -53,6 +53,9 @@ impl ControllerNode {
         let mut settings = DriverSettings::new(config.node_id, quorum.voters.clone(), dir.clone());
         settings.session_timeout_ms = quorum.session_timeout_ms;
         settings.expected_cluster_id = meta.cluster_id.clone();
+        if let Some(seed) = quorum.seed {
+            settings.seed = seed;
+        }
         let controller = Controller::start(settings, listener).await?;
         let mut images = controller.image();
         let recorder = tokio::spawn(async move {

@@ -301,6 +301,26 @@ async fn partitions_and_configs_change_through_any_broker() {
     assert!(r[0].is_err(), "shrinking is refused: {r:?}");
     produce_all(&cluster.bootstrap(1), "grown", 6, 2, false).await;
 
+    // Manual replica assignments: partitions go where they are asked, and
+    // an assignment naming no registered broker is refused whole.
+    let manual = NewTopic::new("manual", 3, TopicReplication::Variable(&[&[3], &[3], &[1]]));
+    let r = admin(&cluster.bootstrap(2)).create_topics([&manual], &opts).await.unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+    let (_, l) = leaders(&cluster.bootstrap(1), "manual");
+    assert_eq!(l, BTreeMap::from([(0, 3), (1, 3), (2, 1)]));
+    let grow = NewPartitions::new("manual", 5).assign(&[&[2], &[1]]);
+    let r = admin(&cluster.bootstrap(3)).create_partitions(&[grow], &opts).await.unwrap();
+    assert!(r[0].is_ok(), "{r:?}");
+    let (_, l) = leaders(&cluster.bootstrap(1), "manual");
+    assert_eq!(l, BTreeMap::from([(0, 3), (1, 3), (2, 1), (3, 2), (4, 1)]));
+    produce_all(&cluster.bootstrap(1), "manual", 5, 2, false).await;
+    let missing = NewTopic::new("nowhere", 2, TopicReplication::Variable(&[&[1], &[9]]));
+    let r = admin(&cluster.bootstrap(1)).create_topics([&missing], &opts).await.unwrap();
+    assert!(format!("{r:?}").contains("InvalidReplicaAssignment"), "{r:?}");
+    let bad_grow = NewPartitions::new("manual", 7).assign(&[&[2]]);
+    let r = admin(&cluster.bootstrap(1)).create_partitions(&[bad_grow], &opts).await.unwrap();
+    assert!(format!("{r:?}").contains("InvalidReplicaAssignment"), "{r:?}");
+
     // A topic config changed through broker 3 is described by broker 1 and
     // applied by every broker hosting the topic.
     let alter = AlterConfig::new(ResourceSpecifier::Topic("grown")).set("retention.ms", "7200000");

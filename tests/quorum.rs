@@ -136,7 +136,13 @@ async fn three_controllers_agree_fail_over_and_recover_from_disk() {
     }
     let r = call(
         &nodes,
-        Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1, configs: Default::default() },
+        Request::CreateTopic {
+            name: "t".into(),
+            partitions: 6,
+            replication_factor: 1,
+            configs: Default::default(),
+            assignment: None,
+        },
     )
     .await;
     let Reply::TopicCreated { id } = r else { panic!("{r:?}") };
@@ -161,7 +167,13 @@ async fn three_controllers_agree_fail_over_and_recover_from_disk() {
     assert_ne!(second, first);
     let r = call(
         &nodes,
-        Request::CreateTopic { name: "u".into(), partitions: 2, replication_factor: 1, configs: Default::default() },
+        Request::CreateTopic {
+            name: "u".into(),
+            partitions: 2,
+            replication_factor: 1,
+            configs: Default::default(),
+            assignment: None,
+        },
     )
     .await;
     assert!(matches!(r, Reply::TopicCreated { .. }), "{r:?}");

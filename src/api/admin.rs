@@ -63,6 +63,28 @@ pub fn create_topics(ctx: &RequestContext, req: CreateTopicsRequest) -> CreateTo
     CreateTopicsResponse::default().with_topics(topics)
 }
 
+/// A CreateTopics manual assignment as each partition's replicas in
+/// partition order (`None`: the topic gives counts instead). The request
+/// must not give both, and its partition indexes must be 0..n without gaps.
+pub(super) fn manual_assignment(
+    t: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+) -> Result<Option<Vec<Vec<i32>>>, TopicError> {
+    if t.assignments.is_empty() {
+        return Ok(None);
+    }
+    if t.num_partitions != -1 || t.replication_factor != -1 {
+        return Err(TopicError::InvalidRequest(
+            "give either assignments or num_partitions/replication_factor, not both".into(),
+        ));
+    }
+    let mut sorted: Vec<_> = t.assignments.iter().collect();
+    sorted.sort_by_key(|a| a.partition_index);
+    if sorted.iter().enumerate().any(|(i, a)| a.partition_index != i as i32) {
+        return Err(TopicError::InvalidReplicaAssignment("partition indexes must be 0..n without gaps".into()));
+    }
+    Ok(Some(sorted.iter().map(|a| a.broker_ids.iter().map(|b| b.0).collect()).collect()))
+}
+
 fn create_one(
     ctx: &RequestContext,
     node: i32,
@@ -71,27 +93,15 @@ fn create_one(
 ) -> Result<(Uuid, i32, BTreeMap<String, String>), TopicError> {
     let mut partitions = t.num_partitions;
     let mut replication_factor = t.replication_factor;
-    if !t.assignments.is_empty() {
-        if partitions != -1 || replication_factor != -1 {
-            return Err(TopicError::InvalidRequest(
-                "give either assignments or num_partitions/replication_factor, not both".into(),
-            ));
-        }
-        let mut indexes: Vec<i32> = t.assignments.iter().map(|a| a.partition_index).collect();
-        indexes.sort_unstable();
-        if indexes.iter().enumerate().any(|(i, p)| *p != i as i32) {
-            return Err(TopicError::InvalidReplicaAssignment("partition indexes must be 0..n without gaps".into()));
-        }
-        for a in &t.assignments {
-            if a.broker_ids.len() != 1 || a.broker_ids[0].0 != node {
+    if let Some(assignment) = manual_assignment(t)? {
+        for (p, replicas) in assignment.iter().enumerate() {
+            if replicas.as_slice() != [node] {
                 return Err(TopicError::InvalidReplicaAssignment(format!(
-                    "partition {} is assigned to {:?}; the only broker is {node}",
-                    a.partition_index,
-                    a.broker_ids.iter().map(|b| b.0).collect::<Vec<_>>()
+                    "partition {p} is assigned to {replicas:?}; the only broker is {node}"
                 )));
             }
         }
-        partitions = t.assignments.len() as i32;
+        partitions = assignment.len() as i32;
         replication_factor = 1;
     }
     let configs: Vec<(String, Option<String>)> =

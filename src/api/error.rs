@@ -111,6 +111,9 @@ pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i
         ControllerError::StaleBrokerEpoch(_) => ResponseError::StaleBrokerEpoch,
         ControllerError::TopicExists(_) => ResponseError::TopicAlreadyExists,
         ControllerError::UnknownTopic(_) => ResponseError::UnknownTopicOrPartition,
+        ControllerError::Placement(crate::metadata::placement::PlacementError::InvalidAssignment(_)) => {
+            ResponseError::InvalidReplicaAssignment
+        }
         ControllerError::Placement(_) => ResponseError::InvalidReplicationFactor,
         ControllerError::InvalidPartitions(_) | ControllerError::PartitionsCanOnlyGrow { .. } => {
             ResponseError::InvalidPartitions

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::{error, str_bytes, RequestContext};
 use crate::controller::core::{Reply, Request};
+use crate::metadata::placement;
 use crate::replica::{validate_topic_name, ReplicaManager, TopicError};
 
 /// A refusal: (Kafka error code, message).
@@ -75,21 +76,28 @@ async fn create_one(
     let cluster = ctx.state.cluster().expect("forwarding runs in a cluster");
     let name = t.name.0.as_str();
     validate_topic_name(name).map_err(topic_refusal)?;
-    if !t.assignments.is_empty() {
-        return Err(topic_refusal(TopicError::InvalidReplicaAssignment(
-            "manual replica assignments are not supported by this build's cluster; give num_partitions".into(),
-        )));
+    let manual = super::admin::manual_assignment(t).map_err(topic_refusal)?;
+    if let Some(assignment) = &manual {
+        // Checked here against this broker's image for validate_only and an
+        // early answer; the controller checks again against its own.
+        let image = cluster.image();
+        placement::check_assignment(assignment, None, |b| image.brokers.contains_key(&b))
+            .map_err(|e| topic_refusal(TopicError::InvalidReplicaAssignment(e.to_string())))?;
     }
-    let partitions = if t.num_partitions == -1 { config.num_partitions } else { t.num_partitions };
-    let replication_factor =
-        if t.replication_factor == -1 { config.default_replication_factor } else { t.replication_factor };
+    let (partitions, replication_factor) = match &manual {
+        Some(assignment) => (assignment.len() as i32, assignment[0].len() as i16),
+        None => (
+            if t.num_partitions == -1 { config.num_partitions } else { t.num_partitions },
+            if t.replication_factor == -1 { config.default_replication_factor } else { t.replication_factor },
+        ),
+    };
     if partitions <= 0 {
         return Err(topic_refusal(TopicError::InvalidPartitions(format!(
             "number of partitions must be positive, got {partitions}"
         ))));
     }
     let live = cluster.image().active_brokers().count();
-    if replication_factor <= 0 || replication_factor as usize > live {
+    if manual.is_none() && (replication_factor <= 0 || replication_factor as usize > live) {
         return Err(topic_refusal(TopicError::InvalidReplicationFactor(format!(
             "replication factor {replication_factor} is not between 1 and the {live} available brokers"
         ))));
@@ -119,8 +127,13 @@ async fn create_one(
     if validate_only {
         return Ok((Uuid::nil(), partitions, overrides));
     }
-    let request =
-        Request::CreateTopic { name: name.to_string(), partitions, replication_factor, configs: overrides.clone() };
+    let request = Request::CreateTopic {
+        name: name.to_string(),
+        partitions,
+        replication_factor,
+        configs: overrides.clone(),
+        assignment: manual,
+    };
     match refusal(cluster.submit(request).await)? {
         Reply::TopicCreated { id } => Ok((id, partitions, overrides)),
         other => Err((ResponseError::UnknownServerError.code(), format!("unexpected controller reply {other:?}"))),
@@ -179,13 +192,12 @@ pub async fn create_partitions(ctx: &RequestContext, req: CreatePartitionsReques
     for t in req.topics {
         let name = t.name.0.to_string();
         let outcome: Result<(), Refusal> = async {
-            if t.assignments.is_some() {
-                return Err(topic_refusal(TopicError::InvalidReplicaAssignment(
-                    "manual replica assignments are not supported by this build's cluster; give the count".into(),
-                )));
-            }
-            let current = match cluster.image().topic(&name) {
-                Some(topic) => topic.partitions.len() as i32,
+            let assignment: Option<Vec<Vec<i32>>> =
+                t.assignments.as_ref().map(|a| a.iter().map(|p| p.broker_ids.iter().map(|b| b.0).collect()).collect());
+            let (current, factor) = match cluster.image().topic(&name) {
+                Some(topic) => {
+                    (topic.partitions.len() as i32, topic.partitions.values().next().map_or(1, |p| p.replicas.len()))
+                }
                 None => return Err(topic_refusal(TopicError::Unknown(name.clone()))),
             };
             if t.count <= current {
@@ -193,10 +205,25 @@ pub async fn create_partitions(ctx: &RequestContext, req: CreatePartitionsReques
                     "topic {name} has {current} partitions; partitions can only be added"
                 ))));
             }
+            if let Some(assignment) = &assignment {
+                let invalid = |m: String| topic_refusal(TopicError::InvalidReplicaAssignment(m));
+                if assignment.len() as i32 != t.count - current {
+                    return Err(invalid(format!(
+                        "{} new partitions need {} assignments, got {}",
+                        name,
+                        t.count - current,
+                        assignment.len()
+                    )));
+                }
+                let image = cluster.image();
+                placement::check_assignment(assignment, Some(factor), |b| image.brokers.contains_key(&b))
+                    .map_err(|e| invalid(e.to_string()))?;
+            }
             if req.validate_only {
                 return Ok(());
             }
-            refusal(cluster.submit(Request::CreatePartitions { name: name.clone(), count: t.count }).await).map(|_| ())
+            let request = Request::CreatePartitions { name: name.clone(), count: t.count, assignment };
+            refusal(cluster.submit(request).await).map(|_| ())
         }
         .await;
         let base = CreatePartitionsTopicResult::default().with_name(t.name);

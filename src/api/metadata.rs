@@ -254,6 +254,7 @@ pub async fn handle_cluster(ctx: &RequestContext, req: MetadataRequest) -> Metad
                     partitions: config.num_partitions.max(1),
                     replication_factor: config.default_replication_factor.max(1),
                     configs: Default::default(),
+                    assignment: None,
                 };
                 let outcome = cluster.submit(request).await;
                 let image = cluster.image();

@@ -98,6 +98,9 @@ impl ClusterNode {
                 let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
                 settings.session_timeout_ms = quorum.session_timeout_ms;
                 settings.expected_cluster_id = meta.cluster_id.clone();
+                if let Some(seed) = quorum.seed {
+                    settings.seed = seed;
+                }
                 Quorum::Voter(Controller::start(settings, listener).await?)
             }
             None => Quorum::Observer(observer::MetadataObserver::start(
@@ -205,7 +208,13 @@ impl ClusterNode {
         if let Some(t) = self.image().topic(name) {
             return Ok(t.partitions.len() as i32);
         }
-        let request = Request::CreateTopic { name: name.to_string(), partitions, replication_factor: 1, configs };
+        let request = Request::CreateTopic {
+            name: name.to_string(),
+            partitions,
+            replication_factor: 1,
+            configs,
+            assignment: None,
+        };
         match self.submit(request).await {
             Ok(Reply::TopicCreated { .. })
             | Ok(Reply::Error(crate::controller::core::ControllerError::TopicExists(_))) => {}

@@ -43,6 +43,10 @@ pub enum Request {
         partitions: i32,
         replication_factor: i16,
         configs: BTreeMap<String, String>,
+        /// A manual assignment (each partition's replicas, partition 0
+        /// first): `partitions` and `replication_factor` are then ignored.
+        #[serde(default)]
+        assignment: Option<Vec<Vec<i32>>>,
     },
     DeleteTopic {
         name: String,
@@ -51,6 +55,9 @@ pub enum Request {
     CreatePartitions {
         name: String,
         count: i32,
+        /// The new partitions' replicas (manual assignment), in order.
+        #[serde(default)]
+        assignment: Option<Vec<Vec<i32>>>,
     },
     /// Sets (`Some`) or removes (`None`) config keys of one resource.
     AlterConfigs {
@@ -102,6 +109,9 @@ pub enum ControllerError {
 
 pub type RequestId = u64;
 
+/// A new partition's (replicas, ISR); the ISR's first is its leader.
+type Placed = (Vec<i32>, Vec<i32>);
+
 #[derive(Debug, Clone)]
 pub enum Input {
     Request { id: RequestId, request: Request, now_ms: u64 },
@@ -120,6 +130,12 @@ pub const PRODUCER_ID_BLOCK: i64 = 1000;
 #[derive(Debug, Clone)]
 pub struct CoreSettings {
     pub session_timeout_ms: u64,
+    /// Seeds the ids the core makes up (topic ids, hence placement, and
+    /// proposal ids): the core does no I/O and takes no randomness from
+    /// outside, so the same seed and inputs give the same decisions. The
+    /// driver gives each core a different seed (node, term, offset mixed
+    /// in), so two cores never draw the same ids.
+    pub seed: u64,
 }
 
 /// What a proposal not yet committed was for.
@@ -144,17 +160,25 @@ pub struct ControllerCore {
     heard_from: std::collections::HashSet<i32>,
     /// Proposals not yet committed, by proposal id.
     pending: BTreeMap<Uuid, Pending>,
+    rng: fastrand::Rng,
 }
 
 impl ControllerCore {
     pub fn new(settings: CoreSettings, image: ClusterImage) -> ControllerCore {
+        let rng = fastrand::Rng::with_seed(settings.seed);
         ControllerCore {
             settings,
             image,
             last_heartbeat_ms: HashMap::new(),
             heard_from: Default::default(),
             pending: BTreeMap::new(),
+            rng,
         }
+    }
+
+    /// A version-4 UUID from the core's seeded generator.
+    fn new_id(&mut self) -> Uuid {
+        uuid::Builder::from_random_bytes(self.rng.u128(..).to_le_bytes()).into_uuid()
     }
 
     pub fn image(&self) -> &ClusterImage {
@@ -175,7 +199,7 @@ impl ControllerCore {
     }
 
     fn propose(&mut self, id: RequestId, request: Request, records: Vec<MetadataRecord>) -> Vec<Effect> {
-        let batch = RecordBatch { proposal: Uuid::new_v4(), records };
+        let batch = RecordBatch { proposal: self.new_id(), records };
         self.pending.insert(batch.proposal, Pending::Request { id, request });
         vec![Effect::Propose(batch)]
     }
@@ -227,27 +251,33 @@ impl ControllerCore {
                 }
                 self.propose(id, request, records)
             }
-            Request::CreateTopic { name, partitions, replication_factor, configs } => {
+            Request::CreateTopic { name, partitions, replication_factor, configs, assignment } => {
                 if self.image.topic(name).is_some() {
                     return Self::reply(id, Reply::Error(ControllerError::TopicExists(name.clone())));
                 }
-                if *partitions < 1 {
-                    return Self::reply(id, Reply::Error(ControllerError::InvalidPartitions(*partitions)));
-                }
-                let candidates = self.placement_candidates();
-                let topic_id = Uuid::new_v4();
-                let start = (topic_id.as_u128() % candidates.len().max(1) as u128) as usize;
-                let placed = match placement::place(&candidates, 0, *partitions, *replication_factor, start) {
+                let topic_id = self.new_id();
+                let placed = match assignment {
+                    Some(manual) => self.check_manual(manual, None),
+                    None if *partitions < 1 => Err(ControllerError::InvalidPartitions(*partitions)),
+                    None => {
+                        let candidates = self.placement_candidates();
+                        let start = (topic_id.as_u128() % candidates.len().max(1) as u128) as usize;
+                        placement::place(&candidates, 0, *partitions, *replication_factor, start)
+                            .map(|placed| placed.into_iter().map(|r| (r.clone(), r)).collect())
+                            .map_err(ControllerError::from)
+                    }
+                };
+                let placed = match placed {
                     Ok(p) => p,
-                    Err(e) => return Self::reply(id, Reply::Error(e.into())),
+                    Err(e) => return Self::reply(id, Reply::Error(e)),
                 };
                 let mut records = vec![MetadataRecord::Topic { name: name.clone(), id: topic_id }];
-                for (p, replicas) in placed.into_iter().enumerate() {
+                for (p, (replicas, isr)) in placed.into_iter().enumerate() {
                     records.push(MetadataRecord::Partition {
                         topic_id,
                         partition: p as i32,
-                        leader: replicas[0],
-                        isr: replicas.clone(),
+                        leader: isr[0],
+                        isr,
                         replicas,
                         leader_epoch: 0,
                     });
@@ -268,7 +298,7 @@ impl ControllerCore {
                     self.propose(id, request, records)
                 }
             },
-            Request::CreatePartitions { name, count } => {
+            Request::CreatePartitions { name, count, assignment } => {
                 let Some(t) = self.image.topic(name) else {
                     return Self::reply(id, Reply::Error(ControllerError::UnknownTopic(name.clone())));
                 };
@@ -278,21 +308,37 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Error(e));
                 }
                 let factor = t.partitions.values().next().map_or(1, |p| p.replicas.len()) as i16;
-                let candidates = self.placement_candidates();
-                let start = (t.id.as_u128() % candidates.len().max(1) as u128) as usize;
-                let placed = match placement::place(&candidates, current, *count - current, factor, start) {
-                    Ok(p) => p,
-                    Err(e) => return Self::reply(id, Reply::Error(e.into())),
+                let (topic_id, topic_start) = (t.id, t.id.as_u128());
+                let placed = match assignment {
+                    Some(manual) if manual.len() as i32 != *count - current => {
+                        Err(ControllerError::Placement(PlacementError::InvalidAssignment(format!(
+                            "{} new partitions need {} assignments, got {}",
+                            name,
+                            *count - current,
+                            manual.len()
+                        ))))
+                    }
+                    Some(manual) => self.check_manual(manual, Some(factor as usize)),
+                    None => {
+                        let candidates = self.placement_candidates();
+                        let start = (topic_start % candidates.len().max(1) as u128) as usize;
+                        placement::place(&candidates, current, *count - current, factor, start)
+                            .map(|placed| placed.into_iter().map(|r| (r.clone(), r)).collect())
+                            .map_err(ControllerError::from)
+                    }
                 };
-                let topic_id = t.id;
+                let placed = match placed {
+                    Ok(p) => p,
+                    Err(e) => return Self::reply(id, Reply::Error(e)),
+                };
                 let records = placed
                     .into_iter()
                     .enumerate()
-                    .map(|(i, replicas)| MetadataRecord::Partition {
+                    .map(|(i, (replicas, isr))| MetadataRecord::Partition {
                         topic_id,
                         partition: current + i as i32,
-                        leader: replicas[0],
-                        isr: replicas.clone(),
+                        leader: isr[0],
+                        isr,
                         replicas,
                         leader_epoch: 0,
                     })
@@ -366,6 +412,33 @@ impl ControllerCore {
         out
     }
 
+    /// A manual assignment checked as Kafka's controller checks it: each
+    /// partition's replicas non-empty, distinct, registered brokers, as
+    /// many as every other partition's (or `factor`), at least one of them
+    /// unfenced. Returns each partition's (replicas, ISR): the ISR is the
+    /// unfenced replicas, its first the leader.
+    fn check_manual(&self, assignment: &[Vec<i32>], factor: Option<usize>) -> Result<Vec<Placed>, ControllerError> {
+        let invalid = |m: String| ControllerError::Placement(PlacementError::InvalidAssignment(m));
+        placement::check_assignment(assignment, factor, |b| self.image.brokers.contains_key(&b))?;
+        assignment
+            .iter()
+            .enumerate()
+            .map(|(p, replicas)| {
+                let isr: Vec<i32> = replicas
+                    .iter()
+                    .copied()
+                    .filter(|b| self.image.brokers.get(b).is_some_and(|r| !r.fenced && !r.in_controlled_shutdown))
+                    .collect();
+                if isr.is_empty() {
+                    return Err(invalid(format!(
+                        "every broker assigned to partition {p} ({replicas:?}) is fenced or shutting down"
+                    )));
+                }
+                Ok((replicas.clone(), isr))
+            })
+            .collect()
+    }
+
     /// Unfenced brokers that have been heard from since this controller
     /// became active (all unfenced ones if none has been yet).
     fn placement_candidates(&self) -> Vec<Candidate> {
@@ -407,7 +480,7 @@ impl ControllerCore {
             }
             let mut records = vec![MetadataRecord::FenceBroker { broker_id, epoch }];
             records.extend(self.leadership_moves_away(broker_id));
-            let batch = RecordBatch { proposal: Uuid::new_v4(), records };
+            let batch = RecordBatch { proposal: self.new_id(), records };
             self.pending.insert(batch.proposal, Pending::Fence { broker_id });
             effects.push(Effect::Propose(batch));
         }
@@ -438,7 +511,7 @@ impl ControllerCore {
                     Reply::Error(ControllerError::UnknownTopic(name.clone()))
                 }
             }
-            Request::CreatePartitions { name, count } => match self.image.topic(name) {
+            Request::CreatePartitions { name, count, .. } => match self.image.topic(name) {
                 Some(t) if t.partitions.len() as i32 >= *count => Reply::PartitionsCreated,
                 _ => Reply::Error(ControllerError::Conflict),
             },
@@ -469,7 +542,7 @@ mod tests {
 
     impl Harness {
         fn new() -> Harness {
-            let core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000 }, ClusterImage::default());
+            let core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000, seed: 7 }, ClusterImage::default());
             Harness { core, offset: 0, replies: Vec::new(), next_id: 0 }
         }
 
@@ -515,7 +588,13 @@ mod tests {
             h.register(b, 0);
         }
         let r = h.call(
-            Request::CreateTopic { name: "t".into(), partitions: 6, replication_factor: 1, configs: BTreeMap::new() },
+            Request::CreateTopic {
+                name: "t".into(),
+                partitions: 6,
+                replication_factor: 1,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
             0,
         );
         assert!(matches!(r, Reply::TopicCreated { .. }), "{r:?}");
@@ -526,15 +605,71 @@ mod tests {
         }
         assert_eq!(per_broker.values().copied().collect::<Vec<_>>(), vec![2, 2, 2]);
         let again = h.call(
-            Request::CreateTopic { name: "t".into(), partitions: 1, replication_factor: 1, configs: BTreeMap::new() },
+            Request::CreateTopic {
+                name: "t".into(),
+                partitions: 1,
+                replication_factor: 1,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
             0,
         );
         assert_eq!(again, Reply::Error(ControllerError::TopicExists("t".into())));
         let too_many = h.call(
-            Request::CreateTopic { name: "u".into(), partitions: 1, replication_factor: 4, configs: BTreeMap::new() },
+            Request::CreateTopic {
+                name: "u".into(),
+                partitions: 1,
+                replication_factor: 4,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
             0,
         );
         assert!(matches!(too_many, Reply::Error(ControllerError::Placement(_))), "{too_many:?}");
+    }
+
+    #[test]
+    fn manual_assignments_are_checked_and_kept_as_given() {
+        let mut h = Harness::new();
+        for b in 1..=3 {
+            h.register(b, 0);
+        }
+        let create = |name: &str, assignment: Vec<Vec<i32>>| Request::CreateTopic {
+            name: name.into(),
+            partitions: -1,
+            replication_factor: -1,
+            configs: BTreeMap::new(),
+            assignment: Some(assignment),
+        };
+        let r = h.call(create("m", vec![vec![3], vec![3], vec![1]]), 0);
+        assert!(matches!(r, Reply::TopicCreated { .. }), "{r:?}");
+        let leaders: Vec<i32> = h.core.image().topic("m").unwrap().partitions.values().map(|p| p.leader).collect();
+        assert_eq!(leaders, vec![3, 3, 1]);
+        for (bad, why) in [
+            (vec![vec![4]], "not registered"),
+            (vec![vec![1], vec![]], "no replicas"),
+            (vec![vec![1, 1]], "twice"),
+            (vec![vec![1], vec![1, 2]], "every partition has 1"),
+            (vec![], "no partitions"),
+        ] {
+            let r = h.call(create("bad", bad.clone()), 0);
+            match r {
+                Reply::Error(ControllerError::Placement(PlacementError::InvalidAssignment(m))) => {
+                    assert!(m.contains(why), "{bad:?}: {m}")
+                }
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+        assert!(h.core.image().topic("bad").is_none());
+        // Added partitions: as many assignments as new partitions, of the topic's size.
+        let grow = |count, assignment| Request::CreatePartitions { name: "m".into(), count, assignment };
+        let r = h.call(grow(5, Some(vec![vec![2]])), 0);
+        assert!(matches!(r, Reply::Error(ControllerError::Placement(PlacementError::InvalidAssignment(_)))), "{r:?}");
+        let r = h.call(grow(4, Some(vec![vec![1, 2]])), 0);
+        assert!(matches!(r, Reply::Error(ControllerError::Placement(PlacementError::InvalidAssignment(_)))), "{r:?}");
+        assert_eq!(h.call(grow(5, Some(vec![vec![2], vec![2]])), 0), Reply::PartitionsCreated);
+        let leaders: Vec<i32> = h.core.image().topic("m").unwrap().partitions.values().map(|p| p.leader).collect();
+        assert_eq!(leaders, vec![3, 3, 1, 2, 2]);
     }
 
     #[test]
@@ -542,7 +677,7 @@ mod tests {
         let mut h = Harness::new();
         let epochs: Vec<i64> = (1..=3).map(|b| h.register(b, 0)).collect();
         // Failover: a fresh core over the same image; broker 3 died just before.
-        h.core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000 }, h.core.image().clone());
+        h.core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000, seed: 7 }, h.core.image().clone());
         for b in [1, 2] {
             let hb = Request::Heartbeat {
                 broker_id: b,
@@ -552,8 +687,13 @@ mod tests {
             };
             assert!(matches!(h.call(hb, 10), Reply::Heartbeat { fenced: false, .. }));
         }
-        let create =
-            Request::CreateTopic { name: "n".into(), partitions: 4, replication_factor: 1, configs: BTreeMap::new() };
+        let create = Request::CreateTopic {
+            name: "n".into(),
+            partitions: 4,
+            replication_factor: 1,
+            configs: BTreeMap::new(),
+            assignment: None,
+        };
         assert!(matches!(h.call(create, 10), Reply::TopicCreated { .. }));
         let leaders: std::collections::BTreeSet<i32> =
             h.core.image().topic("n").unwrap().partitions.values().map(|p| p.leader).collect();
@@ -566,7 +706,13 @@ mod tests {
         let e1 = h.register(1, 0);
         let e2 = h.register(2, 0);
         h.call(
-            Request::CreateTopic { name: "t".into(), partitions: 4, replication_factor: 1, configs: BTreeMap::new() },
+            Request::CreateTopic {
+                name: "t".into(),
+                partitions: 4,
+                replication_factor: 1,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
             0,
         );
         // Broker 2 keeps heartbeating; broker 1 goes silent.
@@ -594,7 +740,13 @@ mod tests {
         let mut h = Harness::new();
         let e1 = h.register(1, 0);
         h.call(
-            Request::CreateTopic { name: "t".into(), partitions: 2, replication_factor: 1, configs: BTreeMap::new() },
+            Request::CreateTopic {
+                name: "t".into(),
+                partitions: 2,
+                replication_factor: 1,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
             0,
         );
         let hb = Request::Heartbeat { broker_id: 1, epoch: e1, applied_offset: h.offset, want_shutdown: true };

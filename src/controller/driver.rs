@@ -58,6 +58,9 @@ pub struct DriverSettings {
     /// `meta.properties`), if it has one: named in the handshake before the
     /// metadata log has it, and a log of another cluster stops the node.
     pub expected_cluster_id: Option<String>,
+    /// Seeds the controller core's ids (see [`CoreSettings::seed`]); random
+    /// unless a test fixes it.
+    pub seed: u64,
 }
 
 impl DriverSettings {
@@ -72,8 +75,19 @@ impl DriverSettings {
             snapshot_bytes: 16 << 20,
             propose_timeout: Duration::from_secs(5),
             expected_cluster_id: None,
+            seed: uuid::Uuid::new_v4().as_u64_pair().0,
         }
     }
+}
+
+/// A core's settings: its seed is the node's, with the node id, the term and
+/// the image offset it starts from mixed in, so every core a cluster ever
+/// makes draws different ids (a node leading twice, or two nodes sharing
+/// the configured seed), while a run repeats from the same seed.
+fn core_settings(settings: &DriverSettings, term: u64, offset: u64) -> CoreSettings {
+    let mut h = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&(settings.seed, settings.node_id, term, offset), &mut h);
+    CoreSettings { session_timeout_ms: settings.session_timeout_ms, seed: std::hash::Hasher::finish(&h) }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
@@ -196,7 +210,7 @@ impl Controller {
                 }
             }
         }));
-        let core = ControllerCore::new(CoreSettings { session_timeout_ms: settings.session_timeout_ms }, image);
+        let core = ControllerCore::new(core_settings(&settings, 0, image.offset), image);
         let mut run = Run {
             settings,
             node,
@@ -463,7 +477,7 @@ impl Run {
                     Ok(mut image) => {
                         image.offset = snap.get_metadata().index;
                         self.feed.reset(image.offset);
-                        self.core = ControllerCore::new(self.core_settings(), image);
+                        self.core = ControllerCore::new(self.core_settings(image.offset), image);
                     }
                     Err(reason) => {
                         return Err(StoreError::Raft(format!("snapshot from the leader: {reason}")));
@@ -562,8 +576,9 @@ impl Run {
         }
     }
 
-    fn core_settings(&self) -> CoreSettings {
-        CoreSettings { session_timeout_ms: self.settings.session_timeout_ms }
+    /// Settings for a new core at this node's current term and `offset`.
+    fn core_settings(&self, offset: u64) -> CoreSettings {
+        core_settings(&self.settings, self.node.term(), offset)
     }
 
     fn leader_changed(&mut self, change: LeaderChange) {
@@ -580,7 +595,8 @@ impl Run {
         if is_leader {
             // A new active controller: fresh broker sessions, decisions from
             // the committed image.
-            self.core = ControllerCore::new(self.core_settings(), self.core.image().clone());
+            let image = self.core.image().clone();
+            self.core = ControllerCore::new(self.core_settings(image.offset), image);
             // The first leader of a new cluster creates its id and the
             // metadata.version it runs at (also added to a cluster created
             // before feature levels were recorded).

@@ -16,6 +16,41 @@ pub enum PlacementError {
     ReplicationFactorTooLarge { factor: i16, brokers: usize },
     #[error("replication factor must be at least 1, got {0}")]
     ReplicationFactorTooSmall(i16),
+    /// A manual assignment that cannot be used, with why.
+    #[error("invalid replica assignment: {0}")]
+    InvalidAssignment(String),
+}
+
+/// Checks the shape of a manual assignment (each partition's replicas, in
+/// partition order): at least one partition; each partition's replicas
+/// non-empty, distinct and `registered`; all partitions the same size, and
+/// that size `factor` when given (partitions added to a topic).
+pub fn check_assignment(
+    assignment: &[Vec<i32>],
+    factor: Option<usize>,
+    registered: impl Fn(i32) -> bool,
+) -> Result<(), PlacementError> {
+    let invalid = |m: String| Err(PlacementError::InvalidAssignment(m));
+    let Some(first) = assignment.first() else { return invalid("no partitions are assigned".into()) };
+    let size = factor.unwrap_or(first.len());
+    for (p, replicas) in assignment.iter().enumerate() {
+        if replicas.is_empty() {
+            return invalid(format!("partition {p} has no replicas"));
+        }
+        if replicas.len() != size {
+            return invalid(format!("partition {p} has {} replicas where every partition has {size}", replicas.len()));
+        }
+        let mut distinct = replicas.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if distinct.len() != replicas.len() {
+            return invalid(format!("partition {p} lists a broker twice: {replicas:?}"));
+        }
+        if let Some(b) = replicas.iter().find(|b| !registered(**b)) {
+            return invalid(format!("partition {p} is assigned to broker {b}, which is not registered"));
+        }
+    }
+    Ok(())
 }
 
 /// A broker that may be given replicas.

@@ -4,6 +4,11 @@
 //! list needs their ports) and handed to the node bound, so no port is
 //! released and re-bound in between. A stopped node restarts on the same
 //! ports with its data.
+//!
+//! Each cluster prints its seed ("cluster seed: N"); `STRAND_CLUSTER_SEED=N`
+//! repeats it. The seed fixes what the controllers make up (topic ids,
+//! hence where partitions are placed, and proposal ids); raft-rs' election
+//! timeouts and the OS's ports and scheduling stay outside it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,6 +57,7 @@ pub struct TestCluster {
     pub nodes: Vec<ClusterNode>,
     voters: String,
     extra: Vec<String>,
+    seed: u64,
     _root: tempfile::TempDir,
 }
 
@@ -77,10 +83,16 @@ impl TestCluster {
             .map(|(id, _, _, c)| format!("{id}@127.0.0.1:{}", c.local_addr().unwrap().port()))
             .collect::<Vec<_>>()
             .join(",");
+        let seed = match std::env::var("STRAND_CLUSTER_SEED") {
+            Ok(s) => s.parse().expect("STRAND_CLUSTER_SEED is a u64"),
+            Err(_) => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64,
+        };
+        eprintln!("cluster seed: {seed} (STRAND_CLUSTER_SEED={seed} repeats it)");
         let mut cluster = TestCluster {
             nodes: Vec::new(),
             voters,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            seed,
             _root: root,
         };
         let mut listeners = Vec::new();
@@ -152,7 +164,12 @@ impl TestCluster {
             text.push_str(line);
             text.push('\n');
         }
-        strand::BrokerConfig::from_properties(&text, "cluster test", &[]).expect("cluster config parses")
+        let mut config =
+            strand::BrokerConfig::from_properties(&text, "cluster test", &[]).expect("cluster config parses");
+        if let Some(q) = config.quorum.as_mut() {
+            q.seed = Some(self.seed);
+        }
+        config
     }
 
     pub fn bootstrap(&self, id: i32) -> String {

@@ -21,7 +21,7 @@ import org.apache.kafka.clients.admin.Admin;
  */
 final class ClusterCliChecks {
     static final String C = "kafka-cli-cluster";
-    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "cluster-id", "features"};
+    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "replica-assignment", "cluster-id", "features"};
     static final String QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand";
     static final String CLUSTER = "org.apache.kafka.tools.ClusterTool";
     static final String FEATURES = "org.apache.kafka.tools.FeatureCommand";
@@ -29,6 +29,7 @@ final class ClusterCliChecks {
     static void runAll() {
         Main.capability(C, "metadata-quorum", new int[] {55}, ClusterCliChecks::metadataQuorum);
         Main.capability(C, "topics-leaders", null, ClusterCliChecks::topicsLeaders);
+        Main.capability(C, "replica-assignment", null, ClusterCliChecks::replicaAssignment);
         Main.capability(C, "cluster-id", null, ClusterCliChecks::clusterId);
         Main.capability(C, "features", null, ClusterCliChecks::features);
     }
@@ -95,6 +96,36 @@ final class ClusterCliChecks {
                 describe.out().strip());
         tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
         return "6 partitions led by brokers " + leaders;
+    }
+
+    /** kafka-topics --create --replica-assignment: each partition led where it was placed. */
+    static String replicaAssignment() throws Exception {
+        String t = CliChecks.prefix + "-cluster-assigned";
+        // Partition p on broker (p mod brokers) + 1, backwards: Main.brokers, ..., 1.
+        List<Integer> wanted = new java.util.ArrayList<>();
+        for (int p = 0; p < 2 * Main.brokers; p++) wanted.add(Main.brokers - p % Main.brokers);
+        String spec = String.join(",", wanted.stream().map(String::valueOf).toList());
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--create", "--topic", t,
+                "--replica-assignment", spec).ok();
+        CliChecks.Run describe = tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--describe", "--topic", t).ok();
+        Matcher m = Pattern.compile("Partition: (\\d+)\\tLeader: (\\d+)\\tReplicas: (\\d+)").matcher(describe.out());
+        Map<Integer, Integer> seen = new java.util.TreeMap<>();
+        while (m.find()) {
+            check(m.group(2).equals(m.group(3)), "partition %s: leader %s replicas %s", m.group(1), m.group(2), m.group(3));
+            seen.put(Integer.parseInt(m.group(1)), Integer.parseInt(m.group(2)));
+        }
+        check(seen.size() == wanted.size(), "describe listed %d partitions: %s", seen.size(), describe.out().strip());
+        for (int p = 0; p < wanted.size(); p++) {
+            check(wanted.get(p).equals(seen.get(p)), "partition %d led by %s, assigned to %d: %s", p, seen.get(p),
+                    wanted.get(p), describe.out().strip());
+        }
+        CliChecks.Run bad = tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--create", "--topic",
+                t + "-bad", "--replica-assignment", "1," + (Main.brokers + 50));
+        String said = bad.out() + bad.err();
+        check(bad.rc() != 0 && said.contains("InvalidReplicaAssignment"),
+                "an assignment to an unknown broker: %s", bad.summary());
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
+        return "--replica-assignment " + spec + " led as assigned; an unknown broker refused (InvalidReplicaAssignment)";
     }
 
     static String clusterId() throws Exception {
