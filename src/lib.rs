@@ -26,6 +26,7 @@ pub mod config;
 pub mod controller;
 pub mod controller_node;
 pub mod group;
+pub mod listen_fds;
 pub mod metadata;
 pub mod replica;
 pub mod server;

@@ -47,6 +47,17 @@ fn main() -> ExitCode {
     if let Some(dir) = args.repair_log {
         return repair_log(&dir, args.truncate, config.log);
     }
+    // Sockets handed over by the parent (systemd socket activation), taken
+    // while this process still has one thread.
+    let mut listeners = config.listeners.clone();
+    listeners.extend(config.quorum.as_ref().and_then(|q| q.controller_listener.clone()));
+    let inherited = match strand::listen_fds::take(&listeners) {
+        Ok(sockets) => sockets,
+        Err(e) => {
+            eprintln!("strand: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut runtime = tokio::runtime::Builder::new_multi_thread();
     if config.num_io_threads > 0 {
         runtime.worker_threads(config.num_io_threads);
@@ -59,10 +70,20 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        if config.quorum.as_ref().is_some_and(|q| q.is_controller_only()) {
-            return run_controller(config).await;
+        let mut prebound = Vec::new();
+        for (name, socket) in inherited {
+            match tokio::net::TcpListener::from_std(socket) {
+                Ok(socket) => prebound.push((name, socket)),
+                Err(e) => {
+                    eprintln!("strand: inherited socket {name}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
         }
-        let broker = match Broker::start(config).await {
+        if config.quorum.as_ref().is_some_and(|q| q.is_controller_only()) {
+            return run_controller(config, prebound).await;
+        }
+        let broker = match Broker::start_with_listeners(config, prebound).await {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("strand: {e}");
@@ -86,8 +107,18 @@ fn main() -> ExitCode {
 }
 
 /// A controller-only node (`process.roles=controller`) until a signal.
-async fn run_controller(config: strand::BrokerConfig) -> ExitCode {
-    let node = match strand::ControllerNode::start(config).await {
+async fn run_controller(
+    config: strand::BrokerConfig,
+    mut prebound: Vec<(String, tokio::net::TcpListener)>,
+) -> ExitCode {
+    let controller = config.quorum.as_ref().and_then(|q| q.controller_listener.as_ref()).map(|l| l.name.clone());
+    let socket = prebound.iter().position(|(name, _)| Some(name) == controller.as_ref());
+    let socket = socket.map(|i| prebound.swap_remove(i).1);
+    if let Some((name, _)) = prebound.first() {
+        eprintln!("strand: inherited socket {name}: a controller-only node serves only its CONTROLLER listener");
+        return ExitCode::from(2);
+    }
+    let node = match strand::ControllerNode::start_with_listener(config, socket).await {
         Ok(n) => n,
         Err(e) => {
             eprintln!("strand: {e}");

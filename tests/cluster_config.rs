@@ -9,14 +9,22 @@ use common::*;
 
 #[tokio::test]
 async fn a_kafka_style_single_voter_node_serves_clients() {
-    let controller_port = free_port();
-    let broker = start_broker(&[
-        "process.roles=broker,controller",
-        &format!("controller.quorum.voters=1@127.0.0.1:{controller_port}"),
-        &format!("listeners=PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{controller_port}"),
-        "controller.listener.names=CONTROLLER",
-    ])
-    .await;
+    // The CONTROLLER port is bound here, before the voters name it.
+    let controller = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let controller_port = controller.local_addr().unwrap().port();
+    let dir = tempfile::tempdir().unwrap();
+    let overrides = [
+        "process.roles=broker,controller".to_string(),
+        format!("controller.quorum.voters=1@127.0.0.1:{controller_port}"),
+        format!("listeners=PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:{controller_port}"),
+        "controller.listener.names=CONTROLLER".to_string(),
+    ];
+    let text = properties(&dir.path().join("data"), 0);
+    let config = strand::BrokerConfig::from_properties(&text, "test", &overrides).expect("test config parses");
+    let handle = strand::Broker::start_with_listeners(config, vec![("CONTROLLER".into(), controller)])
+        .await
+        .expect("broker starts");
+    let broker = TestBroker { handle, dir };
     let (partition, offset) = produce_one(&broker.bootstrap(), "kraft-single", 0, b"hello").await;
     assert_eq!((partition, offset), (0, 0));
     broker.shutdown().await;
@@ -28,7 +36,8 @@ async fn a_kafka_style_single_voter_node_serves_clients() {
 async fn a_broker_refuses_a_controller_only_configuration_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let log_dir = dir.path().join("data");
-    let port = free_port();
+    // Never bound: the broker refuses before it listens.
+    let port = 9;
     let text = format!(
         "{}process.roles=controller\ncontroller.quorum.voters=1@127.0.0.1:{port},3@127.0.0.1:2,4@127.0.0.1:3\n\
          listeners=CONTROLLER://127.0.0.1:{port}\ncontroller.listener.names=CONTROLLER\n",
@@ -52,10 +61,12 @@ async fn a_broker_refuses_a_controller_only_configuration_and_writes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_only_and_broker_only_processes_serve_a_client() {
     let dir = tempfile::tempdir().unwrap();
-    let controller_port = free_port();
+    let reserved = common::ports::ReservedPort::new();
+    let controller_port = reserved.port();
     let voters = format!("controller.quorum.voters=1@127.0.0.1:{controller_port}");
-    let mut controller =
-        common::child::ChildBroker::new(&dir.path().join("controller")).with_port(controller_port).with_properties(&[
+    let mut controller = common::child::ChildBroker::new(&dir.path().join("controller"))
+        .with_listener("CONTROLLER", reserved)
+        .with_properties(&[
             "process.roles=controller",
             &voters,
             &format!("listeners=CONTROLLER://127.0.0.1:{controller_port}"),

@@ -5,11 +5,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use super::ports::{spawn_with_listeners, ReservedPort};
+
 /// A `strand` child process and its data directory.
 pub struct ChildBroker {
     dir: PathBuf,
     child: Option<Child>,
-    port: u16,
+    /// The port every start listens on (handed over as a socket, never
+    /// bound by the child), and the listener it serves.
+    port: ReservedPort,
+    listener_name: String,
     starts: usize,
     /// Extra `server.properties` lines.
     extra: String,
@@ -19,7 +24,15 @@ pub struct ChildBroker {
 
 impl ChildBroker {
     pub fn new(dir: &Path) -> ChildBroker {
-        ChildBroker { dir: dir.to_path_buf(), child: None, port: 0, starts: 0, extra: String::new(), nofile: None }
+        ChildBroker {
+            dir: dir.to_path_buf(),
+            child: None,
+            port: ReservedPort::new(),
+            listener_name: "PLAINTEXT".into(),
+            starts: 0,
+            extra: String::new(),
+            nofile: None,
+        }
     }
 
     /// Adds `key=value` lines to the properties of every later start.
@@ -31,9 +44,11 @@ impl ChildBroker {
         self
     }
 
-    /// Listens on `port` (the default is a free port picked at the first
-    /// start), for properties that must name the port before it starts.
-    pub fn with_port(mut self, port: u16) -> ChildBroker {
+    /// Serves listener `name` on `port` (the default: PLAINTEXT on a port
+    /// reserved by [`ChildBroker::new`]), for properties that must name the
+    /// port before it starts.
+    pub fn with_listener(mut self, name: &str, port: ReservedPort) -> ChildBroker {
+        self.listener_name = name.into();
         self.port = port;
         self
     }
@@ -63,7 +78,7 @@ impl ChildBroker {
     }
 
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("127.0.0.1:{}", self.port.port())
     }
 
     pub fn stderr_path(&self) -> PathBuf {
@@ -75,16 +90,13 @@ impl ChildBroker {
         std::fs::read_to_string(self.stderr_path()).unwrap_or_default()
     }
 
-    /// Spawns the binary on a fresh free port (no waiting).
+    /// Spawns the binary on its port (no waiting); the same port across
+    /// restarts, as clients expect of a restarted broker.
     pub fn spawn(&mut self) {
         assert!(self.child.is_none(), "already running");
-        // The same port across restarts, as clients expect of a restarted broker.
-        if self.port == 0 {
-            self.port = super::free_port();
-        }
         self.starts += 1;
         let config = self.dir.join("server.properties");
-        std::fs::write(&config, super::properties(&self.log_dir(), self.port) + &self.extra).unwrap();
+        std::fs::write(&config, super::properties(&self.log_dir(), self.port.port()) + &self.extra).unwrap();
         let stderr = std::fs::File::create(self.stderr_path()).unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_strand"));
         command
@@ -107,7 +119,8 @@ impl ChildBroker {
                 });
             }
         }
-        let child = command.spawn().expect("spawn strand");
+        let listener = vec![(self.listener_name.as_str(), self.port.listener())];
+        let child = spawn_with_listeners(&mut command, listener).expect("spawn strand");
         self.child = Some(child);
     }
 

@@ -8,20 +8,15 @@
 //! strength of its previous registration, its stderr for this start says it
 //! registered with the controller. Waits are bounded polls with deadlines.
 //!
-//! Ports and the bind-and-release race: the child binds its client and
-//! CONTROLLER listeners itself, so the harness can only pick ports that were
-//! free a moment ago (bound to 127.0.0.1:0 all at once, so they are
-//! distinct, then released) and write them into every node's
-//! `controller.quorum.voters` and `listeners`. Another process may take one
-//! in between. A node that cannot bind exits saying "cannot listen on ...";
-//! when that happens while the cluster starts, every node is killed and the
-//! whole cluster starts again on new ports in fresh directories, up to
-//! [`START_ATTEMPTS`] times. A restart reuses the node's ports (they are its
-//! identity in the voters list); a port taken by someone else in between
-//! fails the test with the node's stderr rather than being retried.
+//! Ports: the harness reserves every node's client and CONTROLLER ports
+//! before any node starts (see [`super::ports`]), writes them into every
+//! node's `controller.quorum.voters` and `listeners`, and hands each start
+//! of a node its listening sockets by file descriptor. No port is released
+//! and re-bound, so none can be taken by another process, and a restarted
+//! node serves on its old ports (they are its identity in the voters list).
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, TcpListener as StdTcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -30,11 +25,8 @@ use bytes::Buf;
 use kafka_protocol::messages::{ApiKey, MetadataRequest, MetadataResponse, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Request, StrBytes};
 
+use super::ports::{spawn_with_listeners, ReservedPort};
 use super::RawConn;
-
-/// How many times the whole cluster is started on new ports when a node
-/// could not bind one of its ports.
-pub const START_ATTEMPTS: usize = 3;
 
 /// How long one node may take from spawn to "strand started".
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -48,6 +40,8 @@ pub struct ChildNode {
     pub dir: PathBuf,
     pub client_port: u16,
     pub controller_port: u16,
+    client: ReservedPort,
+    controller: ReservedPort,
     child: Option<Child>,
     starts: usize,
 }
@@ -102,46 +96,30 @@ impl ChildCluster {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             root,
         };
-        for attempt in 1..=START_ATTEMPTS {
-            cluster.place(n, attempt);
-            let ids: Vec<i32> = (1..=n).collect();
-            for id in &ids {
-                cluster.spawn(*id);
-            }
-            match cluster.wait_started(&ids).await {
-                Ok(()) => {
-                    cluster.wait_ready(ready_timeout).await;
-                    return cluster;
-                }
-                Err(port_taken) if attempt < START_ATTEMPTS => {
-                    eprintln!("child cluster: attempt {attempt}: {port_taken}; starting again on new ports");
-                    for node in &mut cluster.nodes {
-                        kill_child(node);
-                    }
-                }
-                Err(port_taken) => panic!("child cluster: {port_taken} on each of {START_ATTEMPTS} attempts"),
-            }
+        cluster.place(n);
+        let ids: Vec<i32> = (1..=n).collect();
+        for id in &ids {
+            cluster.spawn(*id);
         }
-        unreachable!()
+        cluster.wait_started(&ids).await;
+        cluster.wait_ready(ready_timeout).await;
+        cluster
     }
 
-    /// Chooses ports and directories for attempt `attempt`.
-    fn place(&mut self, n: i32, attempt: usize) {
-        // All bound at once so that no two are the same, then released.
-        let held: Vec<StdTcpListener> =
-            (0..2 * n).map(|_| StdTcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0")).collect();
-        let ports: Vec<u16> = held.iter().map(|l| l.local_addr().unwrap().port()).collect();
-        drop(held);
+    /// Reserves ports and makes directories for `n` nodes.
+    fn place(&mut self, n: i32) {
         self.nodes = (1..=n)
             .map(|id| {
-                let i = (id - 1) as usize;
-                let dir = self.root.path().join(format!("attempt-{attempt}")).join(format!("node-{id}"));
+                let dir = self.root.path().join(format!("node-{id}"));
                 std::fs::create_dir_all(&dir).expect("node dir");
+                let (client, controller) = (ReservedPort::new(), ReservedPort::new());
                 ChildNode {
                     id,
                     dir,
-                    client_port: ports[2 * i],
-                    controller_port: ports[2 * i + 1],
+                    client_port: client.port(),
+                    controller_port: controller.port(),
+                    client,
+                    controller,
                     child: None,
                     starts: 0,
                 }
@@ -184,21 +162,16 @@ impl ChildCluster {
         let config = node.dir.join("server.properties");
         std::fs::write(&config, properties).expect("write server.properties");
         let stderr = std::fs::File::create(node.stderr_path()).expect("stderr file");
-        let child = Command::new(env!("CARGO_BIN_EXE_strand"))
-            .arg(&config)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn strand");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_strand"));
+        command.arg(&config).env("RUST_LOG", "info").stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
+        let listeners = vec![("PLAINTEXT", node.client.listener()), ("CONTROLLER", node.controller.listener())];
+        let child = spawn_with_listeners(&mut command, listeners).expect("spawn strand");
         node.child = Some(child);
     }
 
-    /// Waits (bounded) until each of `ids` has logged "strand started".
-    /// `Err` when one could not bind a port (the caller may start again on
-    /// other ports); any other early exit panics with the node's stderr.
-    async fn wait_started(&mut self, ids: &[i32]) -> Result<(), String> {
+    /// Waits (bounded) until each of `ids` has logged "strand started"; an
+    /// early exit panics with the node's stderr.
+    async fn wait_started(&mut self, ids: &[i32]) {
         let deadline = Instant::now() + START_TIMEOUT;
         let mut pending: BTreeSet<i32> = ids.iter().copied().collect();
         while !pending.is_empty() {
@@ -208,16 +181,12 @@ impl ChildCluster {
                     pending.remove(&id);
                 } else if let Some(status) = node.exited() {
                     let stderr = node.stderr();
-                    if stderr.contains("cannot listen on") {
-                        return Err(format!("node {id} could not bind a port ({status}): {}", stderr.trim()));
-                    }
                     panic!("node {id} exited with {status} before starting; stderr:\n{stderr}");
                 }
             }
             assert!(Instant::now() < deadline, "nodes {pending:?} did not start within {START_TIMEOUT:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        Ok(())
     }
 
     pub fn node(&self, id: i32) -> &ChildNode {
@@ -285,9 +254,7 @@ impl ChildCluster {
         for id in ids {
             self.spawn(*id);
         }
-        if let Err(e) = self.wait_started(ids).await {
-            panic!("restart: {e} (a restarted node keeps its ports; another process took one)");
-        }
+        self.wait_started(ids).await;
     }
 
     /// Metadata (v12) from node `id`, for `topics` (`None`: every topic).

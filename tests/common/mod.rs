@@ -7,9 +7,10 @@
 pub mod child;
 pub mod child_cluster;
 pub mod cluster;
+pub mod ports;
 
 use std::future::Future;
-use std::net::{SocketAddr, TcpListener as StdTcpListener, TcpStream as StdTcpStream};
+use std::net::{SocketAddr, TcpStream as StdTcpStream};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -122,12 +123,6 @@ where
         }
         tokio::time::sleep(interval).await;
     }
-}
-
-/// A free TCP port on 127.0.0.1 (bound then released; fine for a child broker).
-pub fn free_port() -> u16 {
-    let l = StdTcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local addr").port()
 }
 
 /// Waits (polling, bounded) until `addr` accepts TCP connections.
