@@ -259,29 +259,14 @@ impl ControllerCore {
                 let placed = match assignment {
                     Some(manual) => self.check_manual(manual, None),
                     None if *partitions < 1 => Err(ControllerError::InvalidPartitions(*partitions)),
-                    None => {
-                        let candidates = self.placement_candidates();
-                        let start = (topic_id.as_u128() % candidates.len().max(1) as u128) as usize;
-                        placement::place(&candidates, 0, *partitions, *replication_factor, start)
-                            .map(|placed| placed.into_iter().map(|r| (r.clone(), r)).collect())
-                            .map_err(ControllerError::from)
-                    }
+                    None => self.place_automatically(topic_id, 0, *partitions, *replication_factor),
                 };
                 let placed = match placed {
                     Ok(p) => p,
                     Err(e) => return Self::reply(id, Reply::Error(e)),
                 };
                 let mut records = vec![MetadataRecord::Topic { name: name.clone(), id: topic_id }];
-                for (p, (replicas, isr)) in placed.into_iter().enumerate() {
-                    records.push(MetadataRecord::Partition {
-                        topic_id,
-                        partition: p as i32,
-                        leader: isr[0],
-                        isr,
-                        replicas,
-                        leader_epoch: 0,
-                    });
-                }
+                records.extend(partition_records(topic_id, 0, placed));
                 for (key, value) in configs {
                     records.push(MetadataRecord::Config {
                         resource: ConfigResource::Topic(name.clone()),
@@ -308,7 +293,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Error(e));
                 }
                 let factor = t.partitions.values().next().map_or(1, |p| p.replicas.len()) as i16;
-                let (topic_id, topic_start) = (t.id, t.id.as_u128());
+                let topic_id = t.id;
                 let placed = match assignment {
                     Some(manual) if manual.len() as i32 != *count - current => {
                         Err(ControllerError::Placement(PlacementError::InvalidAssignment(format!(
@@ -319,30 +304,13 @@ impl ControllerCore {
                         ))))
                     }
                     Some(manual) => self.check_manual(manual, Some(factor as usize)),
-                    None => {
-                        let candidates = self.placement_candidates();
-                        let start = (topic_start % candidates.len().max(1) as u128) as usize;
-                        placement::place(&candidates, current, *count - current, factor, start)
-                            .map(|placed| placed.into_iter().map(|r| (r.clone(), r)).collect())
-                            .map_err(ControllerError::from)
-                    }
+                    None => self.place_automatically(topic_id, current, *count - current, factor),
                 };
                 let placed = match placed {
                     Ok(p) => p,
                     Err(e) => return Self::reply(id, Reply::Error(e)),
                 };
-                let records = placed
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, (replicas, isr))| MetadataRecord::Partition {
-                        topic_id,
-                        partition: current + i as i32,
-                        leader: isr[0],
-                        isr,
-                        replicas,
-                        leader_epoch: 0,
-                    })
-                    .collect();
+                let records = partition_records(topic_id, current, placed).collect();
                 self.propose(id, request, records)
             }
             Request::AlterConfigs { resource, changes } => {
@@ -410,6 +378,22 @@ impl ControllerCore {
             }
         }
         out
+    }
+
+    /// Places `count` new partitions (from index `first`) over the
+    /// placement candidates, starting from a broker picked by the topic id
+    /// (so topics' leaders spread); every replica is in the ISR.
+    fn place_automatically(
+        &self,
+        topic_id: Uuid,
+        first: i32,
+        count: i32,
+        factor: i16,
+    ) -> Result<Vec<Placed>, ControllerError> {
+        let candidates = self.placement_candidates();
+        let start = (topic_id.as_u128() % candidates.len().max(1) as u128) as usize;
+        let placed = placement::place(&candidates, first, count, factor, start)?;
+        Ok(placed.into_iter().map(|replicas| (replicas.clone(), replicas)).collect())
     }
 
     /// A manual assignment checked as Kafka's controller checks it: each
@@ -526,6 +510,19 @@ impl ControllerCore {
         };
         Self::reply(id, reply)
     }
+}
+
+/// The records of new partitions `first..` of a topic, each led by the
+/// first of its ISR at leader epoch 0.
+fn partition_records(topic_id: Uuid, first: i32, placed: Vec<Placed>) -> impl Iterator<Item = MetadataRecord> {
+    placed.into_iter().enumerate().map(move |(i, (replicas, isr))| MetadataRecord::Partition {
+        topic_id,
+        partition: first + i as i32,
+        leader: isr[0],
+        isr,
+        replicas,
+        leader_epoch: 0,
+    })
 }
 
 #[cfg(test)]
