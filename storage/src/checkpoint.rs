@@ -92,15 +92,22 @@ impl Checkpoint {
 
     /// Atomically replaces the checkpoint in `dir`.
     pub fn write(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(FILE_NAME);
-        let temp = dir.join(format!("{FILE_NAME}{TEMP_SUFFIX}"));
-        let mut f = File::create(&temp).map_err(|e| StorageError::io(&temp, e))?;
-        f.write_all(&self.encode()).map_err(|e| StorageError::io(&temp, e))?;
-        f.sync_all().map_err(|e| StorageError::io(&temp, e))?;
-        drop(f);
-        std::fs::rename(&temp, &path).map_err(|e| StorageError::io(&path, e))?;
-        sync_dir(dir)
+        write_atomically(dir, FILE_NAME, &self.encode())
     }
+}
+
+/// Replaces `dir/name` with `bytes` so a crash leaves the old file or the new
+/// one, never a mix: write `name.tmp`, fsync it, rename it over, fsync the
+/// directory. Recovery deletes a leftover `.tmp`.
+pub(crate) fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = dir.join(name);
+    let temp = dir.join(format!("{name}{TEMP_SUFFIX}"));
+    let mut f = File::create(&temp).map_err(|e| StorageError::io(&temp, e))?;
+    f.write_all(bytes).map_err(|e| StorageError::io(&temp, e))?;
+    f.sync_all().map_err(|e| StorageError::io(&temp, e))?;
+    drop(f);
+    std::fs::rename(&temp, &path).map_err(|e| StorageError::io(&path, e))?;
+    sync_dir(dir)
 }
 
 /// fsyncs a directory so renames, creations and deletions in it are durable.

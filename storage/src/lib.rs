@@ -15,6 +15,7 @@
 //! `index_file` (memory-mapped entries shared by the two indexes),
 //! `offset_index`, `time_index`, `txn_index` (aborted transactions),
 //! [`producer_state`] (idempotent and transactional producers, snapshots),
+//! [`leader_epoch`] (first offset of each leader epoch, for replication),
 //! `checkpoint`, `recovery`, [`log`].
 
 pub mod batch;
@@ -22,6 +23,7 @@ mod checkpoint;
 mod cleaner;
 mod error;
 mod index_file;
+pub mod leader_epoch;
 pub mod log;
 mod offset_index;
 pub mod producer_state;
@@ -34,6 +36,7 @@ mod txn_index;
 pub use batch::AppendOrigin;
 pub use cleaner::{CleanJob, CleanStats, CleanedSegments};
 pub use error::StorageError;
+pub use leader_epoch::{EpochEntry, UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET};
 pub use log::{AbortedTxn, AppendInfo, FileSlice, FlushPlan, Log, LogConfig, ProducerInfo, ReadInfo, TimestampLookup};
 pub use producer_state::ProducerError;
 pub use recovery::{find_damage, repair_hint, RepairCut};
