@@ -30,6 +30,22 @@ pub enum StorageError {
     /// The producer state refused a batch (idempotence or transactions); nothing was written.
     #[error("{0}")]
     Producer(#[from] crate::producer_state::ProducerError),
+    /// A replicated append (`append_replicated`) starts below the log end
+    /// offset: the follower must truncate first. Nothing was written.
+    #[error("replicated batch at offset {base_offset} starts below the log end offset {log_end_offset}")]
+    NonMonotonicReplicaOffset { base_offset: i64, log_end_offset: i64 },
+    /// A replicated append's batches are not in increasing offset order (a
+    /// batch starts at or before the previous one's last offset). Nothing was written.
+    #[error(
+        "replicated batch at byte {position} starts at offset {base_offset}, not after offset {previous_last_offset}"
+    )]
+    ReplicaOffsetsOutOfOrder { position: usize, base_offset: i64, previous_last_offset: i64 },
+    /// A replicated batch carries a leader epoch below an earlier batch's or
+    /// the log's latest epoch. Nothing was written.
+    #[error(
+        "replicated batch at offset {base_offset} has leader epoch {epoch}, below the latest epoch {latest_epoch}"
+    )]
+    LeaderEpochRegression { base_offset: i64, epoch: i32, latest_epoch: i32 },
     /// A checkpoint or index file could not be understood.
     #[error("corrupt file {file}: {reason}")]
     CorruptFile { file: PathBuf, reason: String },

@@ -18,6 +18,15 @@
 //! the active segment's `.txnindex`. Snapshots `<offset>.snapshot` are
 //! written at every roll and on close; open and truncation load the newest
 //! usable one and replay batch headers from its offset.
+//!
+//! Replication: `append_replicated` writes a leader's batches as they are
+//! (offsets and leader epochs kept). The leader epoch cache (see
+//! `leader_epoch`, file `leader-epoch-checkpoint`) records the first offset
+//! of every epoch: `append`/`append_shared` record their `leader_epoch`,
+//! `append_replicated` each batch's, `assign_epoch` a new leader's; it is
+//! written before the batches of a new epoch, cut by truncation, moved by
+//! `delete_records` and retention, and checked against the log at open
+//! (rebuilt from batch headers if the file is missing or unreadable).
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -32,6 +41,7 @@ use crate::batch::{self, AppendOrigin, BatchError};
 use crate::checkpoint::Checkpoint;
 use crate::cleaner::{self, CleanJob, CleanStats, CleanedSegments, Source};
 use crate::error::{Result, StorageError};
+use crate::leader_epoch::{EpochEntry, LeaderEpochCache};
 use crate::producer_state::{self, BatchKind, Pending, ProducerBatch, ProducerStateManager};
 use crate::recovery::{self, RepairCut};
 use crate::segment::{BatchMeta, ScrubJob, Segment};
@@ -211,6 +221,37 @@ pub struct Log {
     last_flush_ms: i64,
     /// Idempotent and transactional producers (see `producer_state`).
     producers: ProducerStateManager,
+    /// First offset of each leader epoch (see `leader_epoch`), persisted on every change.
+    epochs: LeaderEpochCache,
+}
+
+/// The producer state's view of one batch of an append (`position` only
+/// describes errors): an unreadable transaction marker refuses the append.
+fn producer_batch(
+    header: &batch::BatchHeader<'_>,
+    bytes: &[u8],
+    position: usize,
+    first_offset: i64,
+    last_offset: i64,
+) -> Result<ProducerBatch> {
+    let kind = if header.is_control() {
+        match batch::parse_end_txn_marker(bytes, position)? {
+            Some(marker) => BatchKind::Marker(marker),
+            None => BatchKind::OtherControl,
+        }
+    } else {
+        BatchKind::Data { transactional: header.is_transactional() }
+    };
+    Ok(ProducerBatch {
+        producer_id: header.producer_id(),
+        epoch: header.producer_epoch(),
+        base_sequence: header.base_sequence(),
+        last_offset_delta: header.last_offset_delta(),
+        first_offset,
+        last_offset,
+        max_timestamp: header.max_timestamp(),
+        kind,
+    })
 }
 
 impl Log {
@@ -242,10 +283,12 @@ impl Log {
             messages_since_flush: 0,
             last_flush_ms: now_ms,
             producers: ProducerStateManager::default(),
+            epochs: LeaderEpochCache::default(),
         };
         let index_max_bytes = log.config.index_max_bytes;
         log.active_mut().activate(index_max_bytes)?;
         log.load_producer_state(Some(now_ms), recovered.rescanned_from)?;
+        log.load_epochs()?;
         // Recovered data may only be in the page cache: make it durable
         // before calling it flushed, and mark the log open (unclean) so a
         // crash from now on is detected. Neither costs an fsync when there is
@@ -389,24 +432,7 @@ impl Log {
                 total_bytes: total as u64,
             });
             if header.producer_id() >= 0 {
-                let kind = if header.is_control() {
-                    match batch::parse_end_txn_marker(&batches[position..position + total], position)? {
-                        Some(marker) => BatchKind::Marker(marker),
-                        None => BatchKind::OtherControl,
-                    }
-                } else {
-                    BatchKind::Data { transactional: header.is_transactional() }
-                };
-                let b = ProducerBatch {
-                    producer_id: header.producer_id(),
-                    epoch: header.producer_epoch(),
-                    base_sequence: header.base_sequence(),
-                    last_offset_delta: header.last_offset_delta(),
-                    first_offset: offset,
-                    last_offset,
-                    max_timestamp: header.max_timestamp(),
-                    kind,
-                };
+                let b = producer_batch(&header, &batches[position..position + total], position, offset, last_offset)?;
                 if let Some(original) = self.producers.stage(&mut pending, &b, true)? {
                     // Kafka: a retried batch answers the whole append with its original offsets.
                     return Ok(AppendInfo {
@@ -433,19 +459,158 @@ impl Log {
             parts.push(IoSlice::new(prefix));
             parts.push(IoSlice::new(&batches[start + batch::PATCHED_PREFIX_BYTES..end]));
         }
+        if leader_epoch >= 0 && self.epochs.latest_epoch() != Some(leader_epoch) {
+            self.assign_epochs(&[(leader_epoch, base_offset)])?;
+        }
+        self.write_batches(&mut parts, &metas, &info, pending, now_ms)?;
+        Ok(AppendInfo {
+            base_offset,
+            last_offset,
+            max_timestamp: info.max_timestamp,
+            log_start_offset: self.log_start_offset,
+            record_count: info.record_count,
+            duplicate: false,
+        })
+    }
 
+    /// Appends batches replicated from the leader (the records of a Fetch
+    /// response), as Kafka's `appendAsFollower`: their offsets and partition
+    /// leader epochs were assigned by the leader and are written exactly as
+    /// given, so the follower's log holds the leader's bytes.
+    ///
+    /// Checks: framing and CRC-32C of every batch (as for
+    /// [`AppendOrigin::Coordinator`]: the client checks were the leader's);
+    /// the first batch starts at or after the log end offset (a compacted
+    /// leader leaves gaps; below it is
+    /// [`StorageError::NonMonotonicReplicaOffset`]: truncate first), later
+    /// batches after the previous one
+    /// ([`StorageError::ReplicaOffsetsOutOfOrder`]); leader epochs (those
+    /// `>= 0`) never decrease, across the batches and from the log's latest
+    /// epoch ([`StorageError::LeaderEpochRegression`]). On any error nothing
+    /// is written. `max_batch_bytes` does not apply (Kafka's followers ignore
+    /// the record size limit: the leader accepted the batches).
+    ///
+    /// The producer state is replayed from the headers without validation
+    /// (the leader validated), markers complete transactions and ABORTs go
+    /// to the transaction index as on the leader, so the last stable offset
+    /// and aborted transactions match; each new epoch is recorded at its
+    /// first batch. An empty `batches` (a fetch with nothing new) is a no-op
+    /// answered with `base_offset` = log end offset, `last_offset` one below
+    /// and no records.
+    pub fn append_replicated(&mut self, batches: &[u8], now_ms: i64) -> Result<AppendInfo> {
+        let log_end_offset = self.log_end_offset();
+        if batches.is_empty() {
+            return Ok(AppendInfo {
+                base_offset: log_end_offset,
+                last_offset: log_end_offset - 1,
+                max_timestamp: -1,
+                log_start_offset: self.log_start_offset,
+                record_count: 0,
+                duplicate: false,
+            });
+        }
+        let info = batch::validate_all(batches, AppendOrigin::Coordinator)?;
+        let mut metas: Vec<BatchMeta> = Vec::with_capacity(info.batch_count);
+        let mut pending = Pending::default();
+        let mut new_epochs = Vec::new();
+        let mut latest_epoch = self.epochs.latest_epoch();
+        let mut next = log_end_offset;
+        for (position, header, total) in batch::iter(batches) {
+            let base_offset = header.base_offset();
+            if base_offset < next {
+                return Err(match metas.last() {
+                    None => StorageError::NonMonotonicReplicaOffset { base_offset, log_end_offset },
+                    Some(previous) => StorageError::ReplicaOffsetsOutOfOrder {
+                        position,
+                        base_offset,
+                        previous_last_offset: previous.last_offset,
+                    },
+                });
+            }
+            let delta = header.last_offset_delta();
+            // The log end offset after the batch must still be an offset.
+            if base_offset.checked_add(delta as i64 + 1).is_none() {
+                return Err(StorageError::InvalidBatch(BatchError::InvalidOffsets {
+                    position,
+                    record_count: header.record_count(),
+                    last_offset_delta: delta,
+                }));
+            }
+            let last_offset = base_offset + delta as i64;
+            let epoch = header.partition_leader_epoch();
+            if epoch >= 0 {
+                match latest_epoch {
+                    Some(latest) if epoch < latest => {
+                        return Err(StorageError::LeaderEpochRegression { base_offset, epoch, latest_epoch: latest });
+                    }
+                    Some(latest) if epoch == latest => {}
+                    _ => {
+                        new_epochs.push((epoch, base_offset));
+                        latest_epoch = Some(epoch);
+                    }
+                }
+            }
+            metas.push(BatchMeta {
+                position: position as u64,
+                base_offset,
+                last_offset,
+                max_timestamp: header.max_timestamp(),
+                total_bytes: total as u64,
+            });
+            if header.producer_id() >= 0 {
+                let b =
+                    producer_batch(&header, &batches[position..position + total], position, base_offset, last_offset)?;
+                // The leader validated sequences and epochs: replay, as recovery does.
+                self.producers.stage(&mut pending, &b, false)?;
+            }
+            next = last_offset + 1;
+        }
+        assert_eq!(metas.len(), info.batch_count, "validate_all and iter disagree");
+        self.assign_epochs(&new_epochs)?;
+        self.write_batches(&mut [IoSlice::new(batches)], &metas, &info, pending, now_ms)?;
+        Ok(AppendInfo {
+            base_offset: metas[0].base_offset,
+            last_offset: next - 1,
+            max_timestamp: info.max_timestamp,
+            log_start_offset: self.log_start_offset,
+            record_count: info.record_count,
+            duplicate: false,
+        })
+    }
+
+    /// What both append paths do once the batches are validated and their
+    /// producer state staged: roll first when size, time, index limits or
+    /// the indexes' relative offsets require (the new segment starts at the
+    /// first batch, which on a replica may be past the log end), write the
+    /// batches, apply the staged producer state (ABORT markers go to the
+    /// transaction index), and flush per `flush_interval_messages`.
+    fn write_batches(
+        &mut self,
+        parts: &mut [IoSlice<'_>],
+        metas: &[BatchMeta],
+        info: &batch::BatchesInfo,
+        pending: Pending,
+        now_ms: i64,
+    ) -> Result<()> {
+        let (Some(first), Some(last)) = (metas.first(), metas.last()) else { return Ok(()) };
+        let (first_offset, last_offset) = (first.base_offset, last.last_offset);
         let active = self.active();
-        let len = batches.len() as u64;
+        let len = info.bytes as u64;
+        let overflow = active.would_overflow(len, last_offset);
         if !active.is_empty()
             && (active.size_bytes() + len > self.config.segment_bytes
                 || active.age_ms(now_ms, info.max_timestamp) > self.config.roll_ms
                 || active.indexes_full()
-                || active.would_overflow(len, last_offset))
+                || overflow)
         {
-            self.roll(now_ms)?;
+            self.roll_at(first_offset, now_ms)?;
+        } else if active.is_empty() && overflow && active.base_offset() < first_offset {
+            // Only a replica's gap gets here: an empty segment cannot index
+            // offsets that far past its base, so it is sealed empty.
+            self.roll_at(first_offset, now_ms)?;
         }
         let interval = self.config.index_interval_bytes;
-        self.active_mut().append_vectored(&mut parts, &metas, interval)?;
+        self.active_mut().append_vectored(parts, metas, interval)?;
         debug_assert_eq!(self.log_end_offset(), last_offset + 1);
         if !pending.is_empty() {
             for aborted in self.producers.commit(pending) {
@@ -458,14 +623,72 @@ impl Log {
             self.flush()?;
             self.last_flush_ms = now_ms;
         }
-        Ok(AppendInfo {
-            base_offset,
-            last_offset,
-            max_timestamp: info.max_timestamp,
-            log_start_offset: self.log_start_offset,
-            record_count: info.record_count,
-            duplicate: false,
-        })
+        Ok(())
+    }
+
+    /// Records new leader epochs (`(epoch, start offset)` in order) and
+    /// persists them before any batch of theirs is written, so the file
+    /// never misses an epoch the log holds. If the write fails the cache is
+    /// left as it was.
+    fn assign_epochs(&mut self, entries: &[(i32, i64)]) -> Result<()> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut next = self.epochs.clone();
+        let mut changed = false;
+        for &(epoch, start_offset) in entries {
+            changed |= next.assign(epoch, start_offset);
+        }
+        if changed {
+            next.write(&self.dir)?;
+            info!(dir = %self.dir.display(), entries = ?next.entries(), "leader epochs changed");
+            self.epochs = next;
+        }
+        Ok(())
+    }
+
+    /// Persists the leader epoch cache after a truncation `changed` it.
+    fn write_epochs_if(&self, changed: bool) -> Result<()> {
+        if changed {
+            self.epochs.write(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The latest leader epoch that wrote to the log (or was assigned by
+    /// [`Log::assign_epoch`]); `None` before any.
+    pub fn latest_epoch(&self) -> Option<i32> {
+        self.epochs.latest_epoch()
+    }
+
+    /// The first offset of `epoch`, if the log has it.
+    pub fn epoch_start_offset(&self, epoch: i32) -> Option<i64> {
+        self.epochs.epoch_start_offset(epoch)
+    }
+
+    /// Every `(epoch, start offset)` entry, oldest first.
+    pub fn epoch_entries(&self) -> &[EpochEntry] {
+        self.epochs.entries()
+    }
+
+    /// The OffsetForLeaderEpoch answer `(epoch, end offset)` for `epoch`, as
+    /// Kafka's `LeaderEpochFileCache.endOffsetFor` (see
+    /// [`LeaderEpochCache::end_offset_for`]); `(-1, -1)` when undefined.
+    pub fn end_offset_for_epoch(&self, epoch: i32) -> (i32, i64) {
+        self.epochs.end_offset_for(epoch, self.log_end_offset())
+    }
+
+    /// Records that `epoch` starts at `start_offset` and persists it: a new
+    /// leader records `(epoch, log end offset)` before accepting writes, so
+    /// followers asking for the previous epoch's end get it even before the
+    /// first append. Lower or repeated epochs change nothing (see
+    /// [`LeaderEpochCache::assign`]); `start_offset` must be within
+    /// `[log start offset, log end offset]`.
+    pub fn assign_epoch(&mut self, epoch: i32, start_offset: i64) -> Result<()> {
+        if start_offset < self.log_start_offset || start_offset > self.log_end_offset() {
+            return Err(self.out_of_range(start_offset));
+        }
+        self.assign_epochs(&[(epoch, start_offset)])
     }
 
     /// Whole batches from the one containing `offset`, excluding batches whose base
@@ -638,7 +861,12 @@ impl Log {
         if self.active().is_empty() {
             return Ok(());
         }
-        let base_offset = self.log_end_offset();
+        self.roll_at(self.log_end_offset(), now_ms)
+    }
+
+    /// Seals the active segment and starts a new one at `base_offset` (at or
+    /// past the log end offset: a replica's next batch may start later).
+    fn roll_at(&mut self, base_offset: i64, now_ms: i64) -> Result<()> {
         let segment = Segment::create(&self.dir, base_offset, self.config.index_max_bytes, now_ms)?;
         if let Err(e) = self.active_mut().seal() {
             let _ = segment.delete_files();
@@ -680,6 +908,49 @@ impl Log {
             producer_state::write_snapshot(&self.dir, self.log_end_offset(), &self.producers)?;
         }
         Ok(())
+    }
+
+    /// Loads the leader epoch cache at open: the file if it reads, else
+    /// rebuilt from every batch header (a missing file: a log from before
+    /// the cache existed; a damaged one: warned about). Then it is cut to
+    /// the log as recovered: entries at or past the log end (a torn tail
+    /// cut by recovery, a crash after the cache was written but before its
+    /// batch, or during a truncation) and before the log start (a crash
+    /// during delete_records or retention). Written back when that changed it.
+    fn load_epochs(&mut self) -> Result<()> {
+        let (mut cache, mut changed) = match LeaderEpochCache::read(&self.dir)? {
+            Some(Ok(cache)) => (cache, false),
+            found => {
+                if let Some(Err(reason)) = found {
+                    warn!(
+                        file = %self.dir.join(crate::leader_epoch::FILE_NAME).display(),
+                        reason,
+                        "rebuilding an unreadable leader epoch checkpoint from the log"
+                    );
+                }
+                (self.epochs_from_headers()?, true)
+            }
+        };
+        changed |= cache.truncate_from_end(self.log_end_offset());
+        changed |= cache.truncate_from_start(self.log_start_offset);
+        self.epochs = cache;
+        self.write_epochs_if(changed)
+    }
+
+    /// The leader epoch cache as the batches say: every batch header's
+    /// partition leader epoch at its base offset (headers only).
+    fn epochs_from_headers(&self) -> Result<LeaderEpochCache> {
+        let mut cache = LeaderEpochCache::default();
+        let mut batches = 0u64;
+        for segment in self.segments.values() {
+            segment.for_each_header_from(i64::MIN, &mut |_, h| {
+                cache.assign(h.partition_leader_epoch(), h.base_offset());
+                batches += 1;
+                Ok(())
+            })?;
+        }
+        info!(dir = %self.dir.display(), batches, entries = cache.entries().len(), "rebuilt leader epochs from batch headers");
+        Ok(cache)
     }
 
     /// Rebuilds the producer state: the newest readable snapshot at or below
@@ -797,11 +1068,16 @@ impl Log {
         Ok(())
     }
 
-    /// Removes every batch at or after `offset` (whole batches only).
+    /// Removes every batch at or after `offset` (whole batches only), and
+    /// the leader epochs starting there. At or past the log end no batch
+    /// goes, but an epoch assigned at `offset` without data still does, so
+    /// a follower truncating to its leader's answer can take the leader's
+    /// epochs from there.
     pub fn truncate_to(&mut self, offset: i64) -> Result<()> {
         let log_end_offset = self.log_end_offset();
         if offset >= log_end_offset {
-            return Ok(());
+            let changed = self.epochs.truncate_from_end(offset);
+            return self.write_epochs_if(changed);
         }
         if offset < self.log_start_offset {
             return self.truncate_fully_and_start_at(offset);
@@ -835,11 +1111,19 @@ impl Log {
         self.log_start_offset = self.log_start_offset.min(end);
         self.cleaner_offset = self.cleaner_offset.min(end);
         // Producer state as of the new end: newest snapshot at or below it, then replay.
-        self.load_producer_state(None, None)
+        self.load_producer_state(None, None)?;
+        let changed = self.epochs.truncate_from_end(end);
+        self.write_epochs_if(changed)
     }
 
-    /// Deletes every segment and starts an empty log at `offset`.
-    fn truncate_fully_and_start_at(&mut self, offset: i64) -> Result<()> {
+    /// Deletes every segment and starts an empty log at `offset`, with no
+    /// producer state and no leader epochs: for a replica whose fetch
+    /// position is out of the leader's range (the leader's log start moved
+    /// past this log's end). `offset` must not be negative.
+    pub fn truncate_fully_and_start_at(&mut self, offset: i64) -> Result<()> {
+        if offset < 0 {
+            return Err(self.out_of_range(offset));
+        }
         self.recovery_point = offset;
         self.log_start_offset = offset;
         self.cleaner_offset = offset;
@@ -853,7 +1137,15 @@ impl Log {
         for snapshot in producer_state::list_snapshots(&self.dir)? {
             producer_state::delete_snapshot(&self.dir, snapshot)?;
         }
-        self.write_checkpoint(false)
+        self.write_checkpoint(false)?;
+        let changed = self.epochs.clear();
+        self.write_epochs_if(changed)
+    }
+
+    /// Drops the leader epochs wholly before the log start offset (after it moved).
+    fn epochs_from_log_start(&mut self) -> Result<()> {
+        let changed = self.epochs.truncate_from_start(self.log_start_offset);
+        self.write_epochs_if(changed)
     }
 
     /// Advances the log start offset to `offset` (which must be <= log end offset)
@@ -867,6 +1159,7 @@ impl Log {
         }
         self.log_start_offset = offset;
         self.write_checkpoint(false)?;
+        self.epochs_from_log_start()?;
         let below =
             self.segments.values().take(self.segments.len() - 1).take_while(|s| s.next_offset() <= offset).count();
         self.delete_oldest(below, "log start offset")?;
@@ -884,6 +1177,7 @@ impl Log {
         self.log_start_offset = self.log_start_offset.max(new_first);
         self.recovery_point = self.recovery_point.max(self.log_start_offset);
         self.write_checkpoint(false)?;
+        self.epochs_from_log_start()?;
         for _ in 0..count {
             let (_, gone) = self.segments.pop_first().expect("count < len");
             info!(
@@ -1337,5 +1631,317 @@ mod tests {
         log.enforce_retention(2_000).unwrap();
         assert_eq!(log.segment_count(), 1);
         assert_eq!(log.log_start_offset(), *log.segments.keys().next().unwrap());
+    }
+
+    /// One batch of `n` 50-byte records appended as leader at `epoch`; its bytes as stored.
+    fn append_at(log: &mut Log, epoch: i32, n: usize, ts: i64) -> Vec<u8> {
+        let values: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 50]).collect();
+        let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+        let mut b = build_test_batch(0, ts, &refs);
+        log.append(&mut b, epoch, AppendOrigin::Client, ts).unwrap();
+        b
+    }
+
+    fn epochs(log: &Log) -> Vec<(i32, i64)> {
+        log.epoch_entries().iter().map(|e| (e.epoch, e.start_offset)).collect()
+    }
+
+    fn epoch_file(dir: &Path) -> String {
+        std::fs::read_to_string(dir.join(crate::leader_epoch::FILE_NAME)).unwrap()
+    }
+
+    /// Every file of a log directory but the checkpoint (which the flush history decides), by name.
+    fn dir_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+            .filter(|(name, _)| name != crate::checkpoint::FILE_NAME)
+            .collect()
+    }
+
+    #[test]
+    fn leader_epochs_are_recorded_persisted_and_rebuilt() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!((log.latest_epoch(), log.end_offset_for_epoch(0)), (None, (-1, -1)));
+        assert_eq!(epoch_file(dir.path()), "0\n0\n", "written at creation");
+        for (i, epoch) in [0, 0, 3, 3, 5].into_iter().enumerate() {
+            append_at(&mut log, epoch, 2, 1_000 + i as i64);
+        }
+        assert_eq!(log.log_end_offset(), 10);
+        assert_eq!(epochs(&log), [(0, 0), (3, 4), (5, 8)]);
+        assert_eq!(
+            (log.latest_epoch(), log.epoch_start_offset(3), log.epoch_start_offset(4)),
+            (Some(5), Some(4), None)
+        );
+        assert_eq!(log.end_offset_for_epoch(0), (0, 4));
+        assert_eq!(log.end_offset_for_epoch(2), (0, 4), "between epochs");
+        assert_eq!(log.end_offset_for_epoch(3), (3, 8));
+        assert_eq!(log.end_offset_for_epoch(4), (3, 8));
+        assert_eq!(log.end_offset_for_epoch(5), (5, 10), "the latest epoch ends at the log end");
+        assert_eq!(log.end_offset_for_epoch(6), (-1, -1), "above the latest");
+        assert_eq!(log.end_offset_for_epoch(-1), (-1, -1));
+        assert_eq!(epoch_file(dir.path()), "0\n3\n0 0\n3 4\n5 8\n");
+
+        // A new leader records its epoch at the log end before any append, durably.
+        log.assign_epoch(7, 10).unwrap();
+        assert_eq!(epoch_file(dir.path()), "0\n4\n0 0\n3 4\n5 8\n7 10\n");
+        assert_eq!(log.end_offset_for_epoch(5), (5, 10));
+        assert!(matches!(log.assign_epoch(8, 11), Err(StorageError::OffsetOutOfRange { .. })));
+        append_at(&mut log, 7, 2, 2_000);
+        assert_eq!(epochs(&log), [(0, 0), (3, 4), (5, 8), (7, 10)]);
+
+        log.close().unwrap();
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!(epochs(&log), [(0, 0), (3, 4), (5, 8), (7, 10)], "kept across a restart");
+        drop(log);
+        // Missing or unreadable: rebuilt from the batch headers and rewritten.
+        for damage in [None, Some("0\n7\nnonsense")] {
+            let path = dir.path().join(crate::leader_epoch::FILE_NAME);
+            match damage {
+                None => std::fs::remove_file(&path).unwrap(),
+                Some(text) => std::fs::write(&path, text).unwrap(),
+            }
+            let log = Log::open(dir.path(), config(), 0).unwrap();
+            assert_eq!(epochs(&log), [(0, 0), (3, 4), (5, 8), (7, 10)], "{damage:?}");
+            assert_eq!(epoch_file(dir.path()), "0\n4\n0 0\n3 4\n5 8\n7 10\n");
+            drop(log);
+        }
+    }
+
+    #[test]
+    fn truncation_delete_records_and_retention_cut_the_epochs() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        for (i, epoch) in [1, 1, 2, 4, 4, 4, 6].into_iter().enumerate() {
+            append_at(&mut log, epoch, 10, 1_000 + i as i64);
+        }
+        assert!(log.segment_count() > 2);
+        assert_eq!(epochs(&log), [(1, 0), (2, 20), (4, 30), (6, 60)]);
+        log.truncate_to(65).unwrap(); // inside epoch 6's only batch
+        assert_eq!(log.log_end_offset(), 60);
+        assert_eq!(epochs(&log), [(1, 0), (2, 20), (4, 30)]);
+        // At the log end no batch goes, but an epoch assigned there without data does.
+        log.assign_epoch(5, 60).unwrap();
+        log.truncate_to(61).unwrap();
+        assert_eq!(log.latest_epoch(), Some(5));
+        log.truncate_to(60).unwrap();
+        assert_eq!(epochs(&log), [(1, 0), (2, 20), (4, 30)]);
+        assert_eq!(log.delete_records(25).unwrap(), 25);
+        assert_eq!(epochs(&log), [(2, 25), (4, 30)], "the first kept epoch starts at the log start");
+        assert_eq!(epoch_file(dir.path()), "0\n2\n2 25\n4 30\n");
+        log.set_config(LogConfig { retention_bytes: 0, ..config() });
+        log.enforce_retention(2_000).unwrap();
+        let start = log.log_start_offset();
+        assert!(start > 30);
+        assert_eq!(epochs(&log), [(4, start)]);
+        log.truncate_fully_and_start_at(500).unwrap();
+        assert_eq!((log.log_start_offset(), log.log_end_offset(), log.latest_epoch()), (500, 500, None));
+        assert_eq!(epoch_file(dir.path()), "0\n0\n");
+        assert!(matches!(log.truncate_fully_and_start_at(-1), Err(StorageError::OffsetOutOfRange { .. })));
+        log.close().unwrap();
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!((log.log_start_offset(), log.latest_epoch()), (500, None));
+    }
+
+    #[test]
+    fn a_torn_tail_takes_its_epoch_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        append_at(&mut log, 2, 3, 1_000);
+        log.flush().unwrap();
+        append_at(&mut log, 3, 3, 1_001);
+        assert_eq!(epochs(&log), [(2, 0), (3, 3)]);
+        let path = log.active().log_path().to_path_buf();
+        drop(log); // a crash
+        let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        file.set_len(len - 5).unwrap();
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!(log.log_end_offset(), 3);
+        assert_eq!(epochs(&log), [(2, 0)]);
+        assert_eq!(epoch_file(dir.path()), "0\n1\n2 0\n");
+    }
+
+    /// A leader's workload: plain, idempotent and transactional batches (an
+    /// aborted and a committed transaction, one left open), a two-batch
+    /// append, and epoch changes. Returns the client's batches (before the
+    /// log stamped them) and the stored bytes of each append.
+    fn leader_workload(log: &mut Log) -> Vec<(Vec<u8>, Vec<u8>)> {
+        use crate::batch::{build_control_batch, build_producer_batch};
+        let mut out = Vec::new();
+        let mut push = |log: &mut Log, b: Vec<u8>, epoch: i32, origin: AppendOrigin| {
+            let mut stored = b.clone();
+            log.append(&mut stored, epoch, origin, 1_000).unwrap();
+            out.push((b, stored));
+        };
+        let v = [7u8; 90];
+        push(log, build_test_batch(0, 1_000, &[&v, &v]), 0, AppendOrigin::Client);
+        push(log, build_producer_batch(7, 0, 0, false, 1_001, &[&v, &v, &v]), 0, AppendOrigin::Client);
+        push(log, build_producer_batch(9, 0, 0, true, 1_002, &[&v]), 0, AppendOrigin::Client);
+        push(log, build_producer_batch(7, 0, 3, false, 1_003, &[&v]), 2, AppendOrigin::Client);
+        push(log, build_producer_batch(11, 0, 0, true, 1_004, &[&v, &v]), 2, AppendOrigin::Client);
+        push(log, build_producer_batch(9, 0, 1, true, 1_005, &[&v]), 2, AppendOrigin::Client);
+        push(log, build_control_batch(9, 0, false, 1, 1_006), 2, AppendOrigin::Coordinator);
+        let two = [build_test_batch(0, 1_007, &[&v]), build_producer_batch(7, 0, 4, false, 1_007, &[&v, &v])].concat();
+        push(log, two, 4, AppendOrigin::Client);
+        push(log, build_control_batch(11, 0, true, 1, 1_008), 4, AppendOrigin::Coordinator);
+        for i in 0..12 {
+            push(
+                log,
+                build_producer_batch(7, 0, 6 + 2 * i, false, 1_010 + i as i64, &[&v, &v]),
+                4,
+                AppendOrigin::Client,
+            );
+        }
+        push(log, build_producer_batch(13, 0, 0, true, 1_030, &[&v]), 6, AppendOrigin::Client);
+        out
+    }
+
+    #[test]
+    fn a_follower_replicating_the_leader_ends_identical() {
+        let (leader_dir, follower_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut leader = Log::open(leader_dir.path(), config(), 0).unwrap();
+        let mut follower = Log::open(follower_dir.path(), config(), 0).unwrap();
+        let appends = leader_workload(&mut leader);
+        for (_, stored) in &appends {
+            let info = follower.append_replicated(stored, 1_000).unwrap();
+            assert_eq!(info.last_offset + 1, follower.log_end_offset());
+        }
+        assert!(leader.segment_count() > 2, "rolled on both");
+        assert_eq!(follower.log_end_offset(), leader.log_end_offset());
+        assert_eq!(read_all(&follower, 0), read_all(&leader, 0));
+        assert_eq!(epochs(&follower), epochs(&leader));
+        assert_eq!(epochs(&leader), [(0, 0), (2, 6), (4, 11), (6, 39)]);
+        let leo = leader.log_end_offset();
+        assert_eq!(follower.last_stable_offset(leo), leader.last_stable_offset(leo));
+        assert!(leader.last_stable_offset(leo) < leo, "a transaction is open");
+        assert_eq!(follower.aborted_transactions(0, leo), leader.aborted_transactions(0, leo));
+        assert_eq!(leader.aborted_transactions(0, leo).len(), 1);
+        assert_eq!(follower.producers(), leader.producers());
+        // Nothing new from the leader: a no-op.
+        let none = follower.append_replicated(&[], 2_000).unwrap();
+        assert_eq!((none.base_offset, none.last_offset, none.record_count), (leo, leo - 1, 0));
+        // Byte for byte the same directory, segments, indexes, snapshots and epochs included.
+        let (leader_files, follower_files) = (dir_files(leader_dir.path()), dir_files(follower_dir.path()));
+        assert_eq!(leader_files.keys().collect::<Vec<_>>(), follower_files.keys().collect::<Vec<_>>());
+        assert!(leader_files == follower_files, "directories differ");
+
+        // Promoted, the follower knows the idempotent producer's last batches.
+        follower.assign_epoch(8, leo).unwrap();
+        let (retry, stored) = &appends[appends.len() - 2];
+        let info = follower.append_shared(retry, 8, AppendOrigin::Client, 3_000).unwrap();
+        let (h, _) = batch::peek_header(stored, 0).unwrap();
+        assert!(info.duplicate);
+        assert_eq!((info.base_offset, info.last_offset), (h.base_offset(), h.last_offset()));
+        assert_eq!(follower.log_end_offset(), leo);
+        follower.close().unwrap();
+        let follower = Log::open(follower_dir.path(), config(), 0).unwrap();
+        assert_eq!(follower.producers(), leader.producers());
+        assert_eq!(follower.aborted_transactions(0, leo), leader.aborted_transactions(0, leo));
+    }
+
+    #[test]
+    fn replicated_appends_out_of_order_or_below_the_epoch_write_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        let stamped = |base: i64, epoch: i32, n: usize| {
+            let values: Vec<Vec<u8>> = (0..n).map(|i| vec![i as u8; 20]).collect();
+            let refs: Vec<&[u8]> = values.iter().map(|v| v.as_slice()).collect();
+            let mut b = build_test_batch(base, 1_000, &refs);
+            batch::set_partition_leader_epoch(&mut b, epoch);
+            b
+        };
+        log.append_replicated(&[stamped(0, 3, 2), stamped(2, 3, 2)].concat(), 1_000).unwrap();
+        assert_eq!((log.log_end_offset(), epochs(&log)), (4, vec![(3, 0)]));
+        let (size, file) = (log.size_bytes(), epoch_file(dir.path()));
+        let check_nothing_written = |log: &Log| {
+            assert_eq!((log.size_bytes(), log.log_end_offset(), epochs(log)), (size, 4, vec![(3, 0)]));
+            assert_eq!(epoch_file(dir.path()), file);
+        };
+        let err = log.append_replicated(&stamped(3, 3, 1), 1_000).unwrap_err();
+        assert!(matches!(err, StorageError::NonMonotonicReplicaOffset { base_offset: 3, log_end_offset: 4 }), "{err}");
+        check_nothing_written(&log);
+        let err = log.append_replicated(&[stamped(4, 5, 2), stamped(5, 5, 1)].concat(), 1_000).unwrap_err();
+        assert!(
+            matches!(err, StorageError::ReplicaOffsetsOutOfOrder { base_offset: 5, previous_last_offset: 5, .. }),
+            "{err}"
+        );
+        check_nothing_written(&log);
+        let err = log.append_replicated(&stamped(4, 2, 1), 1_000).unwrap_err();
+        assert!(matches!(err, StorageError::LeaderEpochRegression { epoch: 2, latest_epoch: 3, .. }), "{err}");
+        check_nothing_written(&log);
+        let err = log.append_replicated(&[stamped(4, 6, 1), stamped(5, 5, 1)].concat(), 1_000).unwrap_err();
+        assert!(matches!(err, StorageError::LeaderEpochRegression { epoch: 5, latest_epoch: 6, .. }), "{err}");
+        check_nothing_written(&log);
+        let mut bad = stamped(4, 4, 1);
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        let err = log.append_replicated(&bad, 1_000).unwrap_err();
+        assert!(matches!(err, StorageError::InvalidBatch(BatchError::CrcMismatch { .. })), "{err}");
+        check_nothing_written(&log);
+
+        // A compacted leader's gap is kept; batches without an epoch record none.
+        let info = log.append_replicated(&[stamped(10, -1, 2), stamped(12, 4, 1)].concat(), 1_000).unwrap();
+        assert_eq!((info.base_offset, info.last_offset, info.record_count), (10, 12, 3));
+        assert_eq!((log.log_end_offset(), epochs(&log)), (13, vec![(3, 0), (4, 12)]));
+        assert_eq!(batch::peek_header(&read_all(&log, 11), 0).unwrap().0.base_offset(), 10);
+        // A gap wider than a segment's relative offsets: the empty segment is sealed as it is.
+        log.roll(1_000).unwrap();
+        let far = 13 + i32::MAX as i64 + 10;
+        log.append_replicated(&stamped(far, 4, 1), 1_000).unwrap();
+        assert_eq!(log.log_end_offset(), far + 1);
+        assert_eq!(*log.segments.keys().next_back().unwrap(), far);
+        log.close().unwrap();
+        let log = Log::open(dir.path(), config(), 0).unwrap();
+        assert_eq!((log.log_end_offset(), epochs(&log)), (far + 1, vec![(3, 0), (4, 12)]));
+        assert_eq!(read_all(&log, far), stamped(far, 4, 1));
+    }
+
+    /// Kafka's truncation on a leader change: the follower asks the new
+    /// leader where its own latest epoch ends, truncates there, and
+    /// replicates the new leader's epoch from that offset.
+    #[test]
+    fn a_diverged_follower_truncates_to_the_new_leader_and_reappends() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let open = |i: usize| Log::open(dirs[i].path(), config(), 0).unwrap();
+        let (mut old_leader, mut new_leader, mut follower) = (open(0), open(1), open(2));
+        let mut shared = Vec::new();
+        for i in 0..10 {
+            shared.push(append_at(&mut old_leader, 0, 3, 1_000 + i));
+        }
+        for b in &shared {
+            new_leader.append_replicated(b, 1_000).unwrap();
+            follower.append_replicated(b, 1_000).unwrap();
+        }
+        // Epoch 1 wrote to the old leader and the follower only.
+        for i in 0..4 {
+            let b = append_at(&mut old_leader, 1, 2, 2_000 + i);
+            follower.append_replicated(&b, 2_000).unwrap();
+        }
+        let a = new_leader.log_end_offset();
+        new_leader.assign_epoch(2, a).unwrap();
+        let mut fresh = Vec::new();
+        for i in 0..20 {
+            fresh.push(append_at(&mut new_leader, 2, 1, 3_000 + i));
+        }
+        let asked = follower.latest_epoch().unwrap();
+        assert_eq!(asked, 1);
+        let (epoch, end) = new_leader.end_offset_for_epoch(asked);
+        assert_eq!((epoch, end), (0, a));
+        // The follower's end of the epoch the leader answered with bounds the truncation.
+        let end = end.min(follower.end_offset_for_epoch(epoch).1);
+        follower.truncate_to(end).unwrap();
+        assert_eq!((follower.log_end_offset(), epochs(&follower)), (a, vec![(0, 0)]));
+        for b in &fresh {
+            follower.append_replicated(b, 3_000).unwrap();
+        }
+        assert_eq!(epochs(&follower), epochs(&new_leader));
+        assert_eq!(epochs(&follower), [(0, 0), (2, a)]);
+        assert_eq!(read_all(&follower, 0), read_all(&new_leader, 0));
+        let segment_files =
+            |log: &Log| dir_files(log.dir()).into_iter().filter(|(n, _)| n.ends_with(".log")).collect::<Vec<_>>();
+        assert!(segment_files(&follower) == segment_files(&new_leader), "segment files differ");
     }
 }
