@@ -104,7 +104,7 @@ pub fn controller_code(e: &crate::controller::driver::DriverError) -> (i16, Stri
     (r.code(), e.to_string())
 }
 
-/// A controller's refusal of a topic request: (code, message).
+/// A controller's refusal of a request: (code, message).
 pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i16, String) {
     use crate::controller::core::ControllerError;
     let r = match e {
@@ -119,6 +119,17 @@ pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i
             ResponseError::InvalidPartitions
         }
         ControllerError::Conflict => ResponseError::RequestTimedOut,
+        ControllerError::UnknownTopicId(_) => ResponseError::UnknownTopicId,
+        ControllerError::UnknownPartition { .. } => ResponseError::UnknownTopicOrPartition,
+        // Kafka: the requester saw epochs this controller has not, so it is
+        // no longer the active one; the broker looks for the new one.
+        ControllerError::EpochsAhead { .. } => ResponseError::NotController,
+        ControllerError::FencedLeaderEpoch { .. } => ResponseError::FencedLeaderEpoch,
+        // Kafka answers INVALID_REQUEST (not NOT_LEADER_OR_FOLLOWER) to an
+        // AlterPartition from a broker that does not lead at that epoch.
+        ControllerError::NotLeader { .. } | ControllerError::InvalidIsr { .. } => ResponseError::InvalidRequest,
+        ControllerError::StalePartitionEpoch { .. } => ResponseError::InvalidUpdateVersion,
+        ControllerError::IneligibleReplica { .. } => ResponseError::IneligibleReplica,
         ControllerError::NotForCore(_) => ResponseError::UnknownServerError,
     };
     (r.code(), e.to_string())

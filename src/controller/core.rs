@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::metadata::image::{Applied, ClusterImage, NO_LEADER};
+use crate::metadata::image::{Applied, ClusterImage, PartitionRegistration, NO_LEADER};
 use crate::metadata::placement::{self, Candidate, PlacementError};
 use crate::metadata::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
 
@@ -67,6 +67,17 @@ pub enum Request {
     AllocateProducerIds {
         broker_id: i32,
     },
+    /// A partition leader's new ISR (Kafka's AlterPartition), at the leader
+    /// and partition epochs it last saw.
+    AlterPartition {
+        broker_id: i32,
+        broker_epoch: i64,
+        topic_id: Uuid,
+        partition: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        new_isr: Vec<i32>,
+    },
     /// DescribeQuorum: answered by the driver, which holds the raft state;
     /// it never reaches the core's decisions.
     DescribeQuorum,
@@ -75,13 +86,31 @@ pub enum Request {
 /// A reply, sent once the request's records are committed and applied.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    Registered { epoch: i64 },
-    Heartbeat { fenced: bool, shutdown_done: bool },
-    TopicCreated { id: Uuid },
+    Registered {
+        epoch: i64,
+    },
+    Heartbeat {
+        fenced: bool,
+        shutdown_done: bool,
+    },
+    TopicCreated {
+        id: Uuid,
+    },
     TopicDeleted,
     PartitionsCreated,
     ConfigsAltered,
-    ProducerIds { start: i64, size: i64 },
+    ProducerIds {
+        start: i64,
+        size: i64,
+    },
+    /// The partition's state after an AlterPartition (also when the ISR
+    /// asked for was already so).
+    PartitionAltered {
+        leader: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+        isr: Vec<i32>,
+    },
     Quorum(super::describe::QuorumDescription),
     Error(ControllerError),
 }
@@ -103,6 +132,24 @@ pub enum ControllerError {
     PartitionsCanOnlyGrow { topic: String, current: i32, requested: i32 },
     #[error("the request's records were overtaken by another change; retry")]
     Conflict,
+    #[error("no topic with id {0}")]
+    UnknownTopicId(Uuid),
+    #[error("topic {topic_id} has no partition {partition}")]
+    UnknownPartition { topic_id: Uuid, partition: i32 },
+    /// The requester has seen leader/partition epochs this controller has
+    /// not: this controller is behind (no longer the active one).
+    #[error("epochs (leader {requested_leader_epoch}, partition {requested_partition_epoch}) are ahead of this controller's ({leader_epoch}, {partition_epoch})")]
+    EpochsAhead { requested_leader_epoch: i32, requested_partition_epoch: i32, leader_epoch: i32, partition_epoch: i32 },
+    #[error("leader epoch {requested} is older than the partition's {current}")]
+    FencedLeaderEpoch { requested: i32, current: i32 },
+    #[error("broker {broker} does not lead the partition (its leader is {leader})")]
+    NotLeader { broker: i32, leader: i32 },
+    #[error("partition epoch {requested} is older than the partition's {current}")]
+    StalePartitionEpoch { requested: i32, current: i32 },
+    #[error("invalid ISR {isr:?}: {why}")]
+    InvalidIsr { isr: Vec<i32>, why: String },
+    #[error("broker {broker} may not be in the ISR: {why}")]
+    IneligibleReplica { broker: i32, why: String },
     #[error("{0} is answered by the controller's driver, not its core")]
     NotForCore(String),
 }
@@ -143,8 +190,8 @@ pub struct CoreSettings {
 enum Pending {
     /// Answer this request when it commits.
     Request { id: RequestId, request: Request },
-    /// The controller's own fencing of an expired session.
-    Fence { broker_id: i32 },
+    /// The controller's own fencing of expired sessions.
+    Fence { brokers: Vec<i32> },
 }
 
 pub struct ControllerCore {
@@ -224,7 +271,7 @@ impl ControllerCore {
                 }];
                 // A restarted broker's old incarnation leads nothing from now on.
                 if let Some(old) = self.image.brokers.get(broker_id) {
-                    records.extend(self.leadership_moves_away(old.id));
+                    records.extend(self.leadership_moves_away(&[old.id]));
                 }
                 self.propose(id, request, records)
             }
@@ -239,7 +286,7 @@ impl ControllerCore {
                     if !b.in_controlled_shutdown {
                         records.push(MetadataRecord::BeginControlledShutdown { broker_id: *broker_id, epoch: *epoch });
                     }
-                    records.extend(self.leadership_moves_away(*broker_id));
+                    records.extend(self.leadership_moves_away(&[*broker_id]));
                 } else if b.fenced && *applied_offset >= b.epoch as u64 {
                     // Caught up with the log up to its own registration: it may lead.
                     records.push(MetadataRecord::UnfenceBroker { broker_id: *broker_id, epoch: *epoch });
@@ -330,6 +377,34 @@ impl ControllerCore {
             Request::DescribeQuorum => {
                 Self::reply(id, Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())))
             }
+            Request::AlterPartition {
+                broker_id,
+                broker_epoch,
+                topic_id,
+                partition,
+                leader_epoch,
+                partition_epoch,
+                new_isr,
+            } => {
+                let checked = self
+                    .partition_led_by(*broker_id, *broker_epoch, *topic_id, *partition, *leader_epoch, *partition_epoch)
+                    .and_then(|reg| self.check_new_isr(reg, new_isr).map(|()| reg));
+                let reg = match checked {
+                    Ok(reg) => reg,
+                    Err(e) => return Self::reply(id, Reply::Error(e)),
+                };
+                if same_members(&reg.isr, new_isr) {
+                    return Self::reply(id, altered(reg));
+                }
+                let records = vec![MetadataRecord::PartitionChange {
+                    topic_id: *topic_id,
+                    partition: *partition,
+                    expected_partition_epoch: reg.partition_epoch,
+                    leader: None,
+                    isr: Some(new_isr.clone()),
+                }];
+                self.propose(id, request, records)
+            }
             Request::AllocateProducerIds { broker_id } => {
                 // Conditional on the next free id: two racing allocations
                 // cannot both apply, and the loser is told to retry.
@@ -341,19 +416,116 @@ impl ControllerCore {
         }
     }
 
-    /// Partitions `broker` leads lose their leader (RF 1: no other replica
-    /// can take over; replication adds the election of another ISR member).
-    fn leadership_moves_away(&self, broker: i32) -> Vec<MetadataRecord> {
+    /// The partition an AlterPartition names, if `broker_id` (registered
+    /// with `broker_epoch`) leads it at exactly these epochs. Checked in
+    /// Kafka's order, with its answers: epochs ahead of ours mean this
+    /// controller is behind; an older leader epoch is a fenced leader; a
+    /// broker not leading at the current leader epoch is an invalid
+    /// request; an older partition epoch is a stale update.
+    fn partition_led_by(
+        &self,
+        broker_id: i32,
+        broker_epoch: i64,
+        topic_id: Uuid,
+        partition: i32,
+        leader_epoch: i32,
+        partition_epoch: i32,
+    ) -> Result<&PartitionRegistration, ControllerError> {
+        if self.image.brokers.get(&broker_id).is_none_or(|b| b.epoch != broker_epoch) {
+            return Err(ControllerError::StaleBrokerEpoch(broker_id));
+        }
+        let topic = self.image.topics.get(&topic_id).ok_or(ControllerError::UnknownTopicId(topic_id))?;
+        let reg = topic.partitions.get(&partition).ok_or(ControllerError::UnknownPartition { topic_id, partition })?;
+        if leader_epoch > reg.leader_epoch || partition_epoch > reg.partition_epoch {
+            return Err(ControllerError::EpochsAhead {
+                requested_leader_epoch: leader_epoch,
+                requested_partition_epoch: partition_epoch,
+                leader_epoch: reg.leader_epoch,
+                partition_epoch: reg.partition_epoch,
+            });
+        }
+        if leader_epoch < reg.leader_epoch {
+            return Err(ControllerError::FencedLeaderEpoch { requested: leader_epoch, current: reg.leader_epoch });
+        }
+        if broker_id != reg.leader {
+            return Err(ControllerError::NotLeader { broker: broker_id, leader: reg.leader });
+        }
+        if partition_epoch < reg.partition_epoch {
+            return Err(ControllerError::StalePartitionEpoch {
+                requested: partition_epoch,
+                current: reg.partition_epoch,
+            });
+        }
+        Ok(reg)
+    }
+
+    /// A leader's new ISR, checked as Kafka checks it: distinct replicas,
+    /// the leader among them, and every member eligible (registered,
+    /// unfenced, not shutting down; Kafka checks every member, not only
+    /// the added ones, so a leader never re-asserts a member the
+    /// controller is about to remove).
+    fn check_new_isr(&self, reg: &PartitionRegistration, new_isr: &[i32]) -> Result<(), ControllerError> {
+        let invalid = |why: &str| Err(ControllerError::InvalidIsr { isr: new_isr.to_vec(), why: why.into() });
+        if new_isr.is_empty() {
+            return invalid("it is empty");
+        }
+        if let Some(b) = new_isr.iter().find(|b| !reg.replicas.contains(b)) {
+            return invalid(&format!("broker {b} is not a replica of {:?}", reg.replicas));
+        }
+        if new_isr.iter().enumerate().any(|(i, b)| new_isr[..i].contains(b)) {
+            return invalid("it lists a broker twice");
+        }
+        if !new_isr.contains(&reg.leader) {
+            return invalid(&format!("it leaves out the leader {}", reg.leader));
+        }
+        for &broker in new_isr {
+            let why = match self.image.brokers.get(&broker) {
+                None => "not registered",
+                Some(b) if b.in_controlled_shutdown => "shutting down",
+                Some(b) if b.fenced => "fenced",
+                Some(_) => continue,
+            };
+            return Err(ControllerError::IneligibleReplica { broker, why: why.into() });
+        }
+        Ok(())
+    }
+
+    /// Brokers `leaving` (fenced, restarted or shutting down) leave every
+    /// ISR they are in, and the partitions they lead get the next leader
+    /// from the ISR (see [`settle`]). One conditional change per partition.
+    fn leadership_moves_away(&self, leaving: &[i32]) -> Vec<MetadataRecord> {
+        self.settle_partitions(
+            |p| leaving.iter().any(|b| p.isr.contains(b)),
+            |b| !leaving.contains(&b) && self.is_active(b),
+        )
+    }
+
+    /// Offline partitions whose ISR holds `broker`, being unfenced, get a
+    /// leader again (it, unless an earlier replica of the ISR is active).
+    fn leadership_returns(&self, broker: i32) -> Vec<MetadataRecord> {
+        self.settle_partitions(
+            |p| p.leader == NO_LEADER && p.isr.contains(&broker),
+            |b| b == broker || self.is_active(b),
+        )
+    }
+
+    /// A PartitionChange for each partition `selected` that [`settle`]
+    /// changes under `active`, in topic-id and partition order.
+    fn settle_partitions(
+        &self,
+        selected: impl Fn(&PartitionRegistration) -> bool,
+        active: impl Fn(i32) -> bool,
+    ) -> Vec<MetadataRecord> {
         let mut out = Vec::new();
         for t in self.image.topics.values() {
-            for (p, reg) in &t.partitions {
-                if reg.leader == broker {
+            for (p, reg) in t.partitions.iter().filter(|(_, reg)| selected(reg)) {
+                if let Some((leader, isr)) = settle(reg, &active) {
                     out.push(MetadataRecord::PartitionChange {
                         topic_id: t.id,
                         partition: *p,
                         expected_partition_epoch: reg.partition_epoch,
-                        leader: Some(NO_LEADER),
-                        isr: None,
+                        leader,
+                        isr,
                     });
                 }
             }
@@ -361,23 +533,8 @@ impl ControllerCore {
         out
     }
 
-    /// Offline partitions whose first ISR member is `broker` get it back as leader.
-    fn leadership_returns(&self, broker: i32) -> Vec<MetadataRecord> {
-        let mut out = Vec::new();
-        for t in self.image.topics.values() {
-            for (p, reg) in &t.partitions {
-                if reg.leader == NO_LEADER && reg.isr.first() == Some(&broker) {
-                    out.push(MetadataRecord::PartitionChange {
-                        topic_id: t.id,
-                        partition: *p,
-                        expected_partition_epoch: reg.partition_epoch,
-                        leader: Some(broker),
-                        isr: None,
-                    });
-                }
-            }
-        }
-        out
+    fn is_active(&self, broker: i32) -> bool {
+        self.image.brokers.get(&broker).is_some_and(|b| b.is_active())
     }
 
     /// Places `count` new partitions (from index `first`) over the
@@ -440,10 +597,10 @@ impl ControllerCore {
         self.image.topics.values().all(|t| t.partitions.values().all(|p| p.leader != broker))
     }
 
-    /// Brokers whose session expired are fenced, their partitions made
-    /// offline in the same batch.
+    /// Brokers whose session expired are fenced, all in one batch with
+    /// the leadership and ISR changes that takes: decided together, so no
+    /// partition is handed to a broker fenced at the same tick.
     fn fence_expired(&mut self, now_ms: u64) -> Vec<Effect> {
-        let mut effects = Vec::new();
         let expired: Vec<(i32, i64)> = self
             .image
             .brokers
@@ -454,21 +611,21 @@ impl ControllerCore {
                 now_ms.saturating_sub(last) > self.settings.session_timeout_ms
             })
             .map(|b| (b.id, b.epoch))
-            .collect();
-        for (broker_id, epoch) in expired {
             // Don't propose the same fencing again while one is in flight.
-            let in_flight =
-                self.pending.values().any(|p| matches!(p, Pending::Fence { broker_id: b } if *b == broker_id));
-            if in_flight {
-                continue;
-            }
-            let mut records = vec![MetadataRecord::FenceBroker { broker_id, epoch }];
-            records.extend(self.leadership_moves_away(broker_id));
-            let batch = RecordBatch { proposal: self.new_id(), records };
-            self.pending.insert(batch.proposal, Pending::Fence { broker_id });
-            effects.push(Effect::Propose(batch));
+            .filter(|(id, _)| {
+                !self.pending.values().any(|p| matches!(p, Pending::Fence { brokers } if brokers.contains(id)))
+            })
+            .collect();
+        if expired.is_empty() {
+            return Vec::new();
         }
-        effects
+        let brokers: Vec<i32> = expired.iter().map(|(id, _)| *id).collect();
+        let mut records: Vec<MetadataRecord> =
+            expired.iter().map(|&(broker_id, epoch)| MetadataRecord::FenceBroker { broker_id, epoch }).collect();
+        records.extend(self.leadership_moves_away(&brokers));
+        let batch = RecordBatch { proposal: self.new_id(), records };
+        self.pending.insert(batch.proposal, Pending::Fence { brokers });
+        vec![Effect::Propose(batch)]
     }
 
     fn committed(&mut self, offset: u64, batch: RecordBatch) -> Vec<Effect> {
@@ -501,6 +658,17 @@ impl ControllerCore {
             },
             Request::AlterConfigs { .. } => Reply::ConfigsAltered,
             Request::DescribeQuorum => Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())),
+            Request::AlterPartition { topic_id, partition, partition_epoch, .. } => {
+                match self.image.topics.get(topic_id).and_then(|t| t.partitions.get(partition)) {
+                    Some(reg) if first_ok => altered(reg),
+                    // Another change to the partition committed first.
+                    Some(reg) => Reply::Error(ControllerError::StalePartitionEpoch {
+                        requested: *partition_epoch,
+                        current: reg.partition_epoch,
+                    }),
+                    None => Reply::Error(ControllerError::UnknownTopicId(*topic_id)),
+                }
+            }
             Request::AllocateProducerIds { .. } => match batch.records.first() {
                 Some(MetadataRecord::ProducerIds { start, size, .. }) if first_ok => {
                     Reply::ProducerIds { start: *start, size: *size }
@@ -510,6 +678,50 @@ impl ControllerCore {
         };
         Self::reply(id, reply)
     }
+}
+
+/// An AlterPartition's answer: the partition as it now is.
+fn altered(reg: &PartitionRegistration) -> Reply {
+    Reply::PartitionAltered {
+        leader: reg.leader,
+        leader_epoch: reg.leader_epoch,
+        partition_epoch: reg.partition_epoch,
+        isr: reg.isr.clone(),
+    }
+}
+
+/// The same brokers, in any order: an ISR is a set.
+fn same_members(a: &[i32], b: &[i32]) -> bool {
+    let sorted = |v: &[i32]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v
+    };
+    sorted(a) == sorted(b)
+}
+
+/// The (leader, ISR) change that makes a partition agree with who is
+/// `active`, each `None` when unchanged, or `None` if nothing changes.
+/// Inactive brokers leave the ISR, except that the ISR never empties (as in
+/// Kafka without ELR: the last member, the leader if it was one, stays, so
+/// it can lead again when it comes back and no data is lost). A leader that
+/// is inactive or out of the ISR, or no leader, is replaced by the first
+/// replica, in replica order, that is an active ISR member (so the preferred
+/// replica when it can), or none (-1, offline).
+fn settle(reg: &PartitionRegistration, active: impl Fn(i32) -> bool) -> Option<(Option<i32>, Option<Vec<i32>>)> {
+    let mut isr: Vec<i32> = reg.isr.iter().copied().filter(|b| active(*b)).collect();
+    if isr.is_empty() {
+        let last = if reg.isr.contains(&reg.leader) { reg.leader } else { reg.isr.first().copied()? };
+        isr.push(last);
+    }
+    let leader = if isr.contains(&reg.leader) && active(reg.leader) {
+        reg.leader
+    } else {
+        reg.replicas.iter().copied().find(|r| isr.contains(r) && active(*r)).unwrap_or(NO_LEADER)
+    };
+    let leader = (leader != reg.leader).then_some(leader);
+    let isr = (isr != reg.isr).then_some(isr);
+    (leader.is_some() || isr.is_some()).then_some((leader, isr))
 }
 
 /// The records of new partitions `first..` of a topic, each led by the
@@ -576,6 +788,335 @@ mod tests {
             assert_eq!(self.call(hb, now_ms), Reply::Heartbeat { fenced: false, shutdown_done: false });
             epoch
         }
+    }
+
+    fn create(h: &mut Harness, name: &str, partitions: i32, replication_factor: i16) -> Uuid {
+        let r = h.call(
+            Request::CreateTopic {
+                name: name.into(),
+                partitions,
+                replication_factor,
+                configs: BTreeMap::new(),
+                assignment: None,
+            },
+            0,
+        );
+        let Reply::TopicCreated { id } = r else { panic!("{r:?}") };
+        id
+    }
+
+    fn partition(h: &Harness, name: &str, p: i32) -> PartitionRegistration {
+        h.core.image().partition(name, p).unwrap().clone()
+    }
+
+    fn heartbeat(h: &mut Harness, broker_id: i32, epoch: i64, now_ms: u64, want_shutdown: bool) -> Reply {
+        let hb = Request::Heartbeat { broker_id, epoch, applied_offset: h.offset, want_shutdown };
+        h.call(hb, now_ms)
+    }
+
+    /// An AlterPartition from `broker` at the partition's current epochs.
+    fn alter(h: &Harness, broker: i32, name: &str, p: i32, new_isr: Vec<i32>) -> Request {
+        let reg = partition(h, name, p);
+        Request::AlterPartition {
+            broker_id: broker,
+            broker_epoch: h.core.image().brokers[&broker].epoch,
+            topic_id: h.core.image().topic(name).unwrap().id,
+            partition: p,
+            leader_epoch: reg.leader_epoch,
+            partition_epoch: reg.partition_epoch,
+            new_isr,
+        }
+    }
+
+    /// Every broker but `silent` heartbeats each second from `from` to
+    /// `to` ms, and the controller ticks.
+    fn run_sessions(h: &mut Harness, epochs: &BTreeMap<i32, i64>, silent: &[i32], from: u64, to: u64) {
+        for now in (from..=to).step_by(1000) {
+            for (&b, &e) in epochs.iter().filter(|(b, _)| !silent.contains(b)) {
+                heartbeat(h, b, e, now, false);
+            }
+            h.run(Input::Tick { now_ms: now });
+        }
+    }
+
+    /// Three brokers and topic "r": three partitions of three replicas,
+    /// each broker the preferred leader of one.
+    fn rf3() -> (Harness, BTreeMap<i32, i64>) {
+        let mut h = Harness::new();
+        let epochs: BTreeMap<i32, i64> = (1..=3).map(|b| (b, h.register(b, 0))).collect();
+        create(&mut h, "r", 3, 3);
+        (h, epochs)
+    }
+
+    #[test]
+    fn topics_of_three_replicas_start_with_every_replica_in_sync() {
+        let (mut h, epochs) = rf3();
+        let mut leaders = Vec::new();
+        for p in 0..3 {
+            let reg = partition(&h, "r", p);
+            assert_eq!(reg.replicas.len(), 3, "{reg:?}");
+            assert_eq!(reg.isr, reg.replicas, "every replica in sync");
+            assert_eq!((reg.leader, reg.leader_epoch, reg.partition_epoch), (reg.replicas[0], 0, 0));
+            leaders.push(reg.leader);
+        }
+        leaders.sort_unstable();
+        assert_eq!(leaders, vec![1, 2, 3], "preferred leaders spread");
+        let grow = Request::CreatePartitions { name: "r".into(), count: 5, assignment: None };
+        assert_eq!(h.call(grow, 0), Reply::PartitionsCreated);
+        for p in 3..5 {
+            let reg = partition(&h, "r", p);
+            assert_eq!((reg.replicas.len(), reg.isr.clone()), (3, reg.replicas.clone()), "{reg:?}");
+        }
+        // A manual assignment takes only the unfenced replicas into the ISR.
+        run_sessions(&mut h, &epochs, &[3], 1000, 10_000);
+        let manual = Request::CreateTopic {
+            name: "m".into(),
+            partitions: -1,
+            replication_factor: -1,
+            configs: BTreeMap::new(),
+            assignment: Some(vec![vec![3, 1, 2]]),
+        };
+        assert!(matches!(h.call(manual, 10_000), Reply::TopicCreated { .. }));
+        let reg = partition(&h, "m", 0);
+        assert_eq!((reg.replicas, reg.isr, reg.leader), (vec![3, 1, 2], vec![1, 2], 1));
+    }
+
+    #[test]
+    fn alter_partition_shrinks_and_expands_the_isr_bumping_the_partition_epoch() {
+        let (mut h, _) = rf3();
+        let reg = partition(&h, "r", 0);
+        let (leader, follower) = (reg.leader, reg.replicas[1]);
+        let shrunk: Vec<i32> = reg.isr.iter().copied().filter(|b| *b != follower).collect();
+        let r = h.call(alter(&h, leader, "r", 0, shrunk.clone()), 0);
+        assert_eq!(r, Reply::PartitionAltered { leader, leader_epoch: 0, partition_epoch: 1, isr: shrunk.clone() });
+        let back = reg.isr.clone();
+        let r = h.call(alter(&h, leader, "r", 0, back.clone()), 0);
+        assert_eq!(r, Reply::PartitionAltered { leader, leader_epoch: 0, partition_epoch: 2, isr: back.clone() });
+        // The same members in another order: answered as is, nothing proposed.
+        let offset = h.offset;
+        let reordered: Vec<i32> = back.iter().rev().copied().collect();
+        let r = h.call(alter(&h, leader, "r", 0, reordered), 0);
+        assert_eq!(r, Reply::PartitionAltered { leader, leader_epoch: 0, partition_epoch: 2, isr: back });
+        assert_eq!(h.offset, offset);
+    }
+
+    #[test]
+    fn alter_partition_refusals_carry_kafkas_codes() {
+        use kafka_protocol::error::ResponseError as K;
+        let (mut h, epochs) = rf3();
+        let reg = partition(&h, "r", 0);
+        let (leader, f1, f2) = (reg.leader, reg.replicas[1], reg.replicas[2]);
+        let refused = |h: &mut Harness, request: Request, code: K| {
+            let r = h.call(request.clone(), 0);
+            let Reply::Error(e) = r else { panic!("{request:?} accepted: {r:?}") };
+            assert_eq!(crate::api::error::controller_reply_code(&e).0, code.code(), "{request:?}: {e}");
+        };
+        let with = |mut r: Request, f: &dyn Fn(&mut Request)| {
+            f(&mut r);
+            r
+        };
+        let base = alter(&h, leader, "r", 0, vec![leader, f1]);
+        let set = |field: &'static str, v: i64| {
+            move |r: &mut Request| {
+                let Request::AlterPartition {
+                    broker_epoch, partition, leader_epoch, partition_epoch, topic_id, ..
+                } = r
+                else {
+                    unreachable!()
+                };
+                match field {
+                    "broker_epoch" => *broker_epoch += v,
+                    "partition" => *partition = v as i32,
+                    "leader_epoch" => *leader_epoch += v as i32,
+                    "partition_epoch" => *partition_epoch += v as i32,
+                    _ => *topic_id = Uuid::from_u128(v as u128),
+                }
+            }
+        };
+        refused(&mut h, with(base.clone(), &set("broker_epoch", 1)), K::StaleBrokerEpoch);
+        refused(&mut h, with(base.clone(), &set("topic_id", 42)), K::UnknownTopicId);
+        refused(&mut h, with(base.clone(), &set("partition", 9)), K::UnknownTopicOrPartition);
+        refused(&mut h, with(base.clone(), &set("leader_epoch", 1)), K::NotController);
+        refused(&mut h, with(base.clone(), &set("partition_epoch", 1)), K::NotController);
+        refused(&mut h, with(base.clone(), &set("leader_epoch", -1)), K::FencedLeaderEpoch);
+        let by_follower = alter(&h, f1, "r", 0, vec![f1, f2]);
+        refused(&mut h, by_follower, K::InvalidRequest);
+        for bad in [vec![], vec![f1, f2], vec![leader, 4], vec![leader, f1, f1]] {
+            let bad = alter(&h, leader, "r", 0, bad);
+            refused(&mut h, bad, K::InvalidRequest);
+        }
+        assert_eq!(partition(&h, "r", 0), reg, "no refusal changed anything");
+        // After a shrink, the old partition epoch is a stale update.
+        assert!(matches!(h.call(base.clone(), 0), Reply::PartitionAltered { .. }));
+        refused(&mut h, base, K::InvalidUpdateVersion);
+        // f2 shuts down, f1 is fenced: neither may be in an ISR.
+        let Reply::Heartbeat { .. } = heartbeat(&mut h, f2, epochs[&f2], 0, true) else { panic!() };
+        let add_shutting_down = alter(&h, leader, "r", 0, vec![leader, f2]);
+        refused(&mut h, add_shutting_down, K::IneligibleReplica);
+        let others: Vec<i32> = [f1, f2].into();
+        run_sessions(&mut h, &epochs, &others, 1000, 10_000);
+        assert!(h.core.image().brokers[&f1].fenced);
+        let r = h.call(alter(&h, leader, "r", 0, vec![leader, f1]), 10_000);
+        assert!(
+            matches!(&r, Reply::Error(ControllerError::IneligibleReplica { broker, .. }) if *broker == f1),
+            "{r:?}"
+        );
+        assert_eq!(partition(&h, "r", 0).isr, vec![leader]);
+    }
+
+    #[test]
+    fn an_alter_partition_overtaken_by_another_change_is_a_stale_update() {
+        let (mut h, epochs) = rf3();
+        let reg = partition(&h, "r", 0);
+        let (leader, f1, f2) = (reg.leader, reg.replicas[1], reg.replicas[2]);
+        // Proposed, not yet committed ...
+        let effects =
+            h.core.step(Input::Request { id: 500, request: alter(&h, leader, "r", 0, vec![leader, f2]), now_ms: 0 });
+        let [Effect::Propose(batch)] = effects.as_slice() else { panic!("{effects:?}") };
+        // ... while f1's controlled shutdown changes the partition first.
+        heartbeat(&mut h, f1, epochs[&f1], 0, true);
+        let moved = partition(&h, "r", 0);
+        assert_eq!((moved.isr.len(), moved.partition_epoch), (2, 1));
+        h.offset += 1;
+        let effects = h.core.step(Input::Committed { offset: h.offset, batch: batch.clone() });
+        let stale = Reply::Error(ControllerError::StalePartitionEpoch { requested: 0, current: 1 });
+        assert_eq!(effects, vec![Effect::Reply { id: 500, reply: stale }]);
+        assert_eq!(partition(&h, "r", 0), moved, "the overtaken change was ignored");
+    }
+
+    #[test]
+    fn a_fenced_leader_is_succeeded_by_the_next_isr_member_and_leaves_every_isr() {
+        let (mut h, epochs) = rf3();
+        let before: Vec<PartitionRegistration> = (0..3).map(|p| partition(&h, "r", p)).collect();
+        run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
+        assert!(h.core.image().brokers[&1].fenced);
+        for (p, old) in before.iter().enumerate() {
+            let now = partition(&h, "r", p as i32);
+            assert!(!now.isr.contains(&1), "{now:?}");
+            assert_eq!(now.isr.len(), 2);
+            assert_eq!(now.partition_epoch, old.partition_epoch + 1, "one change per partition");
+            if old.leader == 1 {
+                let next = *old.replicas.iter().find(|r| **r != 1).unwrap();
+                assert_eq!((now.leader, now.leader_epoch), (next, old.leader_epoch + 1), "next in replica order");
+            } else {
+                assert_eq!((now.leader, now.leader_epoch), (old.leader, old.leader_epoch), "follower left only");
+            }
+        }
+        // Back and unfenced, broker 1 leads nothing until an ISR takes it again.
+        assert_eq!(
+            heartbeat(&mut h, 1, epochs[&1], 11_000, false),
+            Reply::Heartbeat { fenced: false, shutdown_done: false }
+        );
+        assert!((0..3).all(|p| partition(&h, "r", p).leader != 1));
+        let reg = partition(&h, "r", 0);
+        let mut isr = reg.isr.clone();
+        isr.push(1);
+        assert!(matches!(h.call(alter(&h, reg.leader, "r", 0, isr), 11_000), Reply::PartitionAltered { .. }));
+    }
+
+    #[test]
+    fn the_last_isr_member_stays_when_all_are_fenced_and_leads_again_when_back() {
+        let (mut h, epochs) = rf3();
+        run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
+        run_sessions(&mut h, &epochs, &[1, 2], 11_000, 20_000);
+        run_sessions(&mut h, &epochs, &[1, 2, 3], 21_000, 30_000);
+        assert!(h.core.image().brokers.values().all(|b| b.fenced));
+        for p in 0..3 {
+            let reg = partition(&h, "r", p);
+            assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], NO_LEADER), "{reg:?}");
+        }
+        // Broker 1 returns first: not in any ISR, so nothing comes back.
+        heartbeat(&mut h, 1, epochs[&1], 31_000, false);
+        assert!((0..3).all(|p| partition(&h, "r", p).leader == NO_LEADER));
+        // Broker 3, the last in sync, returns and leads everything.
+        heartbeat(&mut h, 3, epochs[&3], 31_000, false);
+        for p in 0..3 {
+            let reg = partition(&h, "r", p);
+            assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], 3), "{reg:?}");
+        }
+    }
+
+    #[test]
+    fn brokers_fenced_at_the_same_tick_are_decided_together() {
+        let (mut h, epochs) = rf3();
+        run_sessions(&mut h, &epochs, &[1, 2], 1000, 10_000);
+        for p in 0..3 {
+            let reg = partition(&h, "r", p);
+            assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], 3), "never handed to a broker fenced with it");
+        }
+        // Both fenced at once, broker 3 then too: each ISR keeps one member.
+        run_sessions(&mut h, &epochs, &[1, 2, 3], 11_000, 20_000);
+        assert!((0..3).all(|p| partition(&h, "r", p).isr == vec![3]));
+    }
+
+    #[test]
+    fn controlled_shutdown_of_a_replica_says_done_only_once_it_leads_nothing() {
+        let (mut h, epochs) = rf3();
+        let led: Vec<i32> = (0..3).filter(|p| partition(&h, "r", *p).leader == 1).collect();
+        assert_eq!(led.len(), 1);
+        let p = led[0];
+        // The shutdown's changes are decided, then overtaken by broker 1's own
+        // AlterPartition: the change for the partition it leads is ignored.
+        let shutdown =
+            Request::Heartbeat { broker_id: 1, epoch: epochs[&1], applied_offset: h.offset, want_shutdown: true };
+        let effects = h.core.step(Input::Request { id: 600, request: shutdown, now_ms: 0 });
+        let [Effect::Propose(batch)] = effects.as_slice() else { panic!("{effects:?}") };
+        let isr = partition(&h, "r", p).isr;
+        let shrink: Vec<i32> = isr.iter().copied().take(2).collect();
+        assert!(matches!(h.call(alter(&h, 1, "r", p, shrink), 0), Reply::PartitionAltered { .. }));
+        h.offset += 1;
+        let effects = h.core.step(Input::Committed { offset: h.offset, batch: batch.clone() });
+        assert_eq!(
+            effects,
+            vec![Effect::Reply { id: 600, reply: Reply::Heartbeat { fenced: false, shutdown_done: false } }]
+        );
+        assert!(h.core.image().brokers[&1].in_controlled_shutdown);
+        assert_eq!(partition(&h, "r", p).leader, 1, "still leads the partition whose change was overtaken");
+        // The next heartbeat moves it.
+        assert_eq!(
+            heartbeat(&mut h, 1, epochs[&1], 100, true),
+            Reply::Heartbeat { fenced: false, shutdown_done: true }
+        );
+        for q in 0..3 {
+            let reg = partition(&h, "r", q);
+            assert!(reg.leader != 1 && reg.leader != NO_LEADER && !reg.isr.contains(&1), "{reg:?}");
+        }
+    }
+
+    #[test]
+    fn a_restarted_broker_leaves_every_isr_when_it_registers_again() {
+        let (mut h, _) = rf3();
+        let before: Vec<PartitionRegistration> = (0..3).map(|p| partition(&h, "r", p)).collect();
+        // A new incarnation of broker 2, caught up: it leads nothing and is in no ISR.
+        h.register(2, 100);
+        assert!(h.core.image().brokers[&2].is_active());
+        for (p, old) in before.iter().enumerate() {
+            let now = partition(&h, "r", p as i32);
+            assert!(!now.isr.contains(&2) && now.leader != 2, "{now:?}");
+            if old.leader == 2 {
+                assert_eq!(now.leader, *old.replicas.iter().find(|r| **r != 2).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn settling_keeps_one_isr_member_and_prefers_replica_order() {
+        let reg = |replicas: Vec<i32>, isr: Vec<i32>, leader| PartitionRegistration {
+            replicas,
+            isr,
+            leader,
+            leader_epoch: 3,
+            partition_epoch: 5,
+        };
+        let up = |ids: &'static [i32]| move |b: i32| ids.contains(&b);
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![1, 2, 3], 2), up(&[1, 2, 3])), None);
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 2], 3), up(&[1, 2])), Some((Some(2), Some(vec![2]))));
+        // The preferred replica wins over ISR order.
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 1, 2], 3), up(&[1, 2])), Some((Some(1), Some(vec![1, 2]))));
+        // Nobody active: the leader stays as the one member; then nothing changes.
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![2, 3], 3), up(&[])), Some((Some(NO_LEADER), Some(vec![3]))));
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[1, 2])), None);
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[3])), Some((Some(3), None)));
     }
 
     #[test]

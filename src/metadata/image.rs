@@ -48,6 +48,37 @@ pub struct PartitionRegistration {
     pub partition_epoch: i32,
 }
 
+impl PartitionRegistration {
+    /// What every partition in an image holds: distinct replicas, a
+    /// non-empty ISR of distinct replicas (Kafka without ELR keeps the last
+    /// member even when it is fenced, so it can lead again), and a leader
+    /// in the ISR or none.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if has_duplicates(&self.replicas) {
+            return Err("a replica is listed twice");
+        }
+        if self.isr.is_empty() {
+            return Err("the ISR is empty");
+        }
+        if has_duplicates(&self.isr) {
+            return Err("an ISR member is listed twice");
+        }
+        if !self.isr.iter().all(|r| self.replicas.contains(r)) {
+            return Err("an ISR member is not a replica");
+        }
+        if self.leader != NO_LEADER && !self.isr.contains(&self.leader) {
+            return Err("the leader is not in the ISR");
+        }
+        Ok(())
+    }
+}
+
+fn has_duplicates(ids: &[i32]) -> bool {
+    let mut sorted = ids.to_vec();
+    sorted.sort_unstable();
+    sorted.windows(2).any(|w| w[0] == w[1])
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicImage {
     pub name: String,
@@ -175,16 +206,17 @@ impl ClusterImage {
                 if topic.partitions.contains_key(partition) {
                     return Ignored("partition exists");
                 }
-                topic.partitions.insert(
-                    *partition,
-                    PartitionRegistration {
-                        replicas: replicas.clone(),
-                        isr: isr.clone(),
-                        leader: *leader,
-                        leader_epoch: *leader_epoch,
-                        partition_epoch: 0,
-                    },
-                );
+                let new = PartitionRegistration {
+                    replicas: replicas.clone(),
+                    isr: isr.clone(),
+                    leader: *leader,
+                    leader_epoch: *leader_epoch,
+                    partition_epoch: 0,
+                };
+                if let Err(why) = new.check() {
+                    return Ignored(why);
+                }
+                topic.partitions.insert(*partition, new);
                 Changed
             }
             MetadataRecord::PartitionChange { topic_id, partition, expected_partition_epoch, leader, isr } => {
@@ -194,16 +226,21 @@ impl ClusterImage {
                 if p.partition_epoch != *expected_partition_epoch {
                     return Ignored("partition epoch moved on");
                 }
+                let mut new = p.clone();
                 if let Some(isr) = isr {
-                    p.isr = isr.clone();
+                    new.isr = isr.clone();
                 }
                 if let Some(leader) = leader {
-                    if *leader != p.leader {
-                        p.leader = *leader;
-                        p.leader_epoch += 1;
+                    if *leader != new.leader {
+                        new.leader = *leader;
+                        new.leader_epoch += 1;
                     }
                 }
-                p.partition_epoch += 1;
+                new.partition_epoch += 1;
+                if let Err(why) = new.check() {
+                    return Ignored(why);
+                }
+                *p = new;
                 Changed
             }
             MetadataRecord::RemoveTopic { id } => match self.topics.remove(id) {
@@ -251,20 +288,17 @@ impl ClusterImage {
         self.brokers.get_mut(&id).filter(|b| b.epoch == epoch)
     }
 
-    /// A leader is one of the replicas and in the ISR; ISR members are replicas.
+    /// Topics are indexed by name, and every partition holds
+    /// [`PartitionRegistration::check`]. Apply ignores records that would
+    /// break these, so a failure here is a bug in apply, not bad input.
     fn check_invariants(&self) {
         if cfg!(debug_assertions) {
             for t in self.topics.values() {
                 assert_eq!(self.topic_ids.get(&t.name), Some(&t.id), "topic {} indexed by name", t.name);
                 for (i, p) in &t.partitions {
-                    assert!(
-                        p.leader == NO_LEADER || p.isr.contains(&p.leader),
-                        "{}-{i}: leader {} not in ISR {:?}",
-                        t.name,
-                        p.leader,
-                        p.isr
-                    );
-                    assert!(p.isr.iter().all(|r| p.replicas.contains(r)), "{}-{i}: ISR outside replicas", t.name);
+                    if let Err(why) = p.check() {
+                        panic!("{}-{i}: {why}: {p:?}", t.name);
+                    }
                 }
             }
         }
@@ -372,6 +406,53 @@ mod tests {
         image.apply(3, &batch(vec![MetadataRecord::RemoveTopic { id: a }]));
         image.apply(4, &batch(vec![MetadataRecord::Topic { name: "t".into(), id: b }]));
         assert_eq!(image.topic("t").unwrap().id, b);
+    }
+
+    #[test]
+    fn partition_records_that_would_break_an_invariant_are_ignored() {
+        let topic = Uuid::from_u128(5);
+        let mut image = ClusterImage::default();
+        image.apply(1, &batch(vec![MetadataRecord::Topic { name: "t".into(), id: topic }]));
+        let partition = |replicas: Vec<i32>, isr: Vec<i32>, leader| MetadataRecord::Partition {
+            topic_id: topic,
+            partition: 0,
+            replicas,
+            isr,
+            leader,
+            leader_epoch: 0,
+        };
+        for (bad, why) in [
+            (partition(vec![1, 1], vec![1], 1), "a replica is listed twice"),
+            (partition(vec![1, 2], vec![], NO_LEADER), "the ISR is empty"),
+            (partition(vec![1, 2], vec![1, 1], 1), "an ISR member is listed twice"),
+            (partition(vec![1, 2], vec![1, 3], 1), "an ISR member is not a replica"),
+            (partition(vec![1, 2], vec![2], 1), "the leader is not in the ISR"),
+        ] {
+            assert_eq!(image.apply(image.offset + 1, &batch(vec![bad])), vec![Applied::Ignored(why)]);
+        }
+        assert!(image.topic("t").unwrap().partitions.is_empty());
+        image.apply(image.offset + 1, &batch(vec![partition(vec![1, 2, 3], vec![1, 2, 3], 1)]));
+        let change = |isr: Option<Vec<i32>>, leader| MetadataRecord::PartitionChange {
+            topic_id: topic,
+            partition: 0,
+            expected_partition_epoch: 0,
+            leader,
+            isr,
+        };
+        for (bad, why) in [
+            (change(Some(vec![]), None), "the ISR is empty"),
+            (change(Some(vec![2, 2]), Some(2)), "an ISR member is listed twice"),
+            (change(Some(vec![2, 3]), None), "the leader is not in the ISR"),
+            (change(None, Some(4)), "the leader is not in the ISR"),
+        ] {
+            assert_eq!(image.apply(image.offset + 1, &batch(vec![bad])), vec![Applied::Ignored(why)]);
+        }
+        let p = image.partition("t", 0).unwrap();
+        assert_eq!((p.leader, p.leader_epoch, p.partition_epoch), (1, 0, 0), "nothing applied");
+        // A shrink and a new leader in one change: both epochs move once.
+        image.apply(image.offset + 1, &batch(vec![change(Some(vec![2, 3]), Some(2))]));
+        let p = image.partition("t", 0).unwrap();
+        assert_eq!((p.isr.as_slice(), p.leader, p.leader_epoch, p.partition_epoch), (&[2, 3][..], 2, 1, 1));
     }
 
     #[test]
