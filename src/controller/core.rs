@@ -174,6 +174,10 @@ pub enum Effect {
 
 pub const PRODUCER_ID_BLOCK: i64 = 1000;
 
+/// How often partitions left inconsistent by an overtaken change may be
+/// repaired ([`ControllerCore::repair_partitions`]).
+pub const REPAIR_INTERVAL_MS: u64 = 1000;
+
 #[derive(Debug, Clone)]
 pub struct CoreSettings {
     pub session_timeout_ms: u64,
@@ -207,6 +211,8 @@ pub struct ControllerCore {
     heard_from: std::collections::HashSet<i32>,
     /// Proposals not yet committed, by proposal id.
     pending: BTreeMap<Uuid, Pending>,
+    /// When partitions were last repaired (not tracked as pending).
+    last_repair_ms: Option<u64>,
     rng: fastrand::Rng,
 }
 
@@ -219,6 +225,7 @@ impl ControllerCore {
             last_heartbeat_ms: HashMap::new(),
             heard_from: Default::default(),
             pending: BTreeMap::new(),
+            last_repair_ms: None,
             rng,
         }
     }
@@ -240,7 +247,11 @@ impl ControllerCore {
     pub fn step(&mut self, input: Input) -> Vec<Effect> {
         match input {
             Input::Committed { offset, batch } => self.committed(offset, batch),
-            Input::Tick { now_ms } => self.fence_expired(now_ms),
+            Input::Tick { now_ms } => {
+                let mut effects = self.fence_expired(now_ms);
+                effects.extend(self.repair_partitions(now_ms));
+                effects
+            }
             Input::Request { id, request, now_ms } => self.request(id, request, now_ms),
         }
     }
@@ -626,6 +637,23 @@ impl ControllerCore {
         let batch = RecordBatch { proposal: self.new_id(), records };
         self.pending.insert(batch.proposal, Pending::Fence { brokers });
         vec![Effect::Propose(batch)]
+    }
+
+    /// Partitions that disagree with who is active (a change for them was
+    /// overtaken: a fence's ISR removal ignored after a concurrent
+    /// AlterPartition, say, leaving a fenced broker in an ISR) are settled
+    /// again. At most once per [`REPAIR_INTERVAL_MS`], as a proposal may
+    /// be dropped; conditional records make a repeat harmless.
+    fn repair_partitions(&mut self, now_ms: u64) -> Vec<Effect> {
+        if self.last_repair_ms.is_some_and(|last| now_ms.saturating_sub(last) < REPAIR_INTERVAL_MS) {
+            return Vec::new();
+        }
+        let records = self.settle_partitions(|_| true, |b| self.is_active(b));
+        if records.is_empty() {
+            return Vec::new();
+        }
+        self.last_repair_ms = Some(now_ms);
+        vec![Effect::Propose(RecordBatch { proposal: self.new_id(), records })]
     }
 
     fn committed(&mut self, offset: u64, batch: RecordBatch) -> Vec<Effect> {
@@ -1097,6 +1125,38 @@ mod tests {
                 assert_eq!(now.leader, *old.replicas.iter().find(|r| **r != 2).unwrap());
             }
         }
+    }
+
+    #[test]
+    fn a_fenced_broker_left_in_an_isr_by_an_overtaken_change_is_removed_at_a_later_tick() {
+        let (mut h, epochs) = rf3();
+        let reg = partition(&h, "r", 0);
+        let (leader, f1, f2) = (reg.leader, reg.replicas[1], reg.replicas[2]);
+        run_sessions(&mut h, &epochs, &[f1], 1000, 9000);
+        // The leader drops f2, and f1's session expires, decided on the same image.
+        let effects =
+            h.core.step(Input::Request { id: 700, request: alter(&h, leader, "r", 0, vec![leader, f1]), now_ms: 9000 });
+        let [Effect::Propose(shrink)] = effects.as_slice() else { panic!("{effects:?}") };
+        for b in [leader, f2] {
+            let hb =
+                Request::Heartbeat { broker_id: b, epoch: epochs[&b], applied_offset: h.offset, want_shutdown: false };
+            assert!(matches!(
+                h.core.step(Input::Request { id: 701, request: hb, now_ms: 10_000 }).as_slice(),
+                [Effect::Reply { .. }]
+            ));
+        }
+        let effects = h.core.step(Input::Tick { now_ms: 10_000 });
+        let [Effect::Propose(fence)] = effects.as_slice() else { panic!("{effects:?}") };
+        for batch in [shrink, fence] {
+            h.offset += 1;
+            h.core.step(Input::Committed { offset: h.offset, batch: batch.clone() });
+        }
+        assert!(h.core.image().brokers[&f1].fenced);
+        assert_eq!(partition(&h, "r", 0).isr, vec![leader, f1], "the fence's ISR change was overtaken");
+        h.run(Input::Tick { now_ms: 11_000 });
+        assert_eq!(partition(&h, "r", 0).isr, vec![leader]);
+        // Consistent now: later ticks propose nothing.
+        assert!(h.core.step(Input::Tick { now_ms: 12_000 }).is_empty());
     }
 
     #[test]
