@@ -913,10 +913,11 @@ impl Log {
     /// Loads the leader epoch cache at open: the file if it reads, else
     /// rebuilt from every batch header (a missing file: a log from before
     /// the cache existed; a damaged one: warned about). Then it is cut to
-    /// the log as recovered: entries at or past the log end (a torn tail
+    /// the log as recovered: before the log start (a crash during
+    /// delete_records or retention) and at or past the log end (a torn tail
     /// cut by recovery, a crash after the cache was written but before its
-    /// batch, or during a truncation) and before the log start (a crash
-    /// during delete_records or retention). Written back when that changed it.
+    /// batch, or during a truncation, an epoch assigned without data).
+    /// Written back when that changed it.
     fn load_epochs(&mut self) -> Result<()> {
         let (mut cache, mut changed) = match LeaderEpochCache::read(&self.dir)? {
             Some(Ok(cache)) => (cache, false),
@@ -931,8 +932,10 @@ impl Log {
                 (self.epochs_from_headers()?, true)
             }
         };
-        changed |= cache.truncate_from_end(self.log_end_offset());
+        // Start first: an entry moved to a log start that is also the log
+        // end claims no data and goes, as one rebuilt from headers would.
         changed |= cache.truncate_from_start(self.log_start_offset);
+        changed |= cache.truncate_from_end(self.log_end_offset());
         self.epochs = cache;
         self.write_epochs_if(changed)
     }
