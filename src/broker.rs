@@ -28,11 +28,17 @@ pub struct BrokerState {
     /// In a multi-node cluster: the quorum, the image and this broker's
     /// registration. `None` on a single node.
     cluster: Option<Arc<ClusterNode>>,
+    /// In a cluster: followers' fetchers and the leaders' ISR changes.
+    replication: Option<Arc<crate::replica::replication::Replication>>,
 }
 
 impl BrokerState {
     pub fn cluster(&self) -> Option<&Arc<ClusterNode>> {
         self.cluster.as_ref()
+    }
+
+    pub fn replication(&self) -> Option<&Arc<crate::replica::replication::Replication>> {
+        self.replication.as_ref()
     }
 
     /// The cluster id clients see: the quorum's in a cluster (empty until
@@ -205,7 +211,18 @@ impl Broker {
                 TxnCoordinator::start(replicas.clone(), groups.clone(), config.txn.clone(), shutdown_rx.clone())?;
             (groups, txns)
         };
+        let replication = cluster.as_ref().map(|node| {
+            let listener = cluster_quorum.as_ref().map(|q| q.inter_broker_listener_name.clone()).unwrap_or_default();
+            crate::replica::replication::Replication::new(
+                node.clone(),
+                replicas.clone(),
+                &listener,
+                config.replica_lag_time_max_ms as i64,
+                shutdown_rx.clone(),
+            )
+        });
         let state = Arc::new(BrokerState {
+            replication: replication.clone(),
             cluster: cluster.clone(),
             fetch_sessions: Mutex::new(FetchSessionCache::new(config.fetch_session_cache_slots)),
             request_pool: Arc::new(MemoryPool::new(config.queued_max_request_bytes)),
@@ -232,6 +249,9 @@ impl Broker {
                 })
                 .collect();
             tasks.spawn(crate::cluster::publisher::run(node.clone(), state.clone(), shutdown_rx.clone()));
+            if let Some(r) = &replication {
+                tasks.spawn(r.clone().check_lagging(shutdown_rx.clone()));
+            }
             tasks.spawn(crate::cluster::lifecycle::run(
                 node.clone(),
                 endpoints,
@@ -266,6 +286,7 @@ async fn housekeeping(state: Arc<BrokerState>, mut shutdown: watch::Receiver<boo
     let checkpoint_every = Duration::from_millis(state.config().log_flush_offset_checkpoint_interval_ms);
     let mut last_retention = Instant::now();
     let mut last_checkpoint = Instant::now();
+    let mut last_hw_checkpoint = Instant::now();
     loop {
         tokio::select! {
             _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
@@ -279,8 +300,19 @@ async fn housekeeping(state: Arc<BrokerState>, mut shutdown: watch::Receiver<boo
         if checkpoint {
             last_checkpoint = Instant::now();
         }
+        // replica.high.watermark.checkpoint.interval.ms (Kafka's 5 s).
+        let hw_checkpoint = state.cluster().is_some() && last_hw_checkpoint.elapsed() >= Duration::from_secs(5);
+        if hw_checkpoint {
+            last_hw_checkpoint = Instant::now();
+        }
         let s = state.clone();
-        let _ = tokio::task::spawn_blocking(move || s.replicas.maintain(retention, checkpoint)).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            s.replicas.maintain(retention, checkpoint);
+            if hw_checkpoint {
+                s.replicas.checkpoint_high_watermarks();
+            }
+        })
+        .await;
     }
 }
 

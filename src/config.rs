@@ -102,6 +102,8 @@ pub struct BrokerConfig {
     /// `log.scrub.*`: the background verifier of cold segments.
     pub scrub: ScrubConfig,
     pub socket_request_max_bytes: usize,
+    /// `replica.lag.time.max.ms`: a follower not caught up for this long leaves the ISR.
+    pub replica_lag_time_max_ms: u64,
     /// `connections.max.idle.ms`: a connection with no complete request for
     /// this long (and none being handled or answered) is closed. `None` (-1): never.
     pub connections_max_idle_ms: Option<u64>,
@@ -263,6 +265,7 @@ impl Default for BrokerConfig {
             log_flush_offset_checkpoint_interval_ms: 60_000,
             scrub: ScrubConfig::default(),
             socket_request_max_bytes: 104_857_600,
+            replica_lag_time_max_ms: 30_000,
             connections_max_idle_ms: Some(600_000),
             // Kafka's default is -1 (no bound); one largest-possible request
             // (socket.request.max.bytes' default) keeps memory bounded out of the box.
@@ -436,6 +439,9 @@ impl BrokerConfig {
                 }
                 "socket.request.max.bytes" => {
                     config.socket_request_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
+                }
+                "replica.lag.time.max.ms" => {
+                    config.replica_lag_time_max_ms = parse_int(value, 1, i64::from(i32::MAX)).map_err(invalid)? as u64
                 }
                 "connections.max.idle.ms" => {
                     config.connections_max_idle_ms = parse_positive_or_off(value).map_err(invalid)?.map(|v| v as u64)

@@ -56,6 +56,10 @@ pub fn producer_code(e: &ProducerError) -> i16 {
 pub fn partition_code(e: &PartitionError) -> i16 {
     match e {
         PartitionError::Gone => ResponseError::UnknownTopicOrPartition.code(),
+        PartitionError::NotLeader => ResponseError::NotLeaderOrFollower.code(),
+        PartitionError::UnderMinIsr { .. } => ResponseError::NotEnoughReplicasAfterAppend.code(),
+        PartitionError::FencedLeaderEpoch { .. } => ResponseError::FencedLeaderEpoch.code(),
+        PartitionError::UnknownLeaderEpoch { .. } => ResponseError::UnknownLeaderEpoch.code(),
         PartitionError::Offline(_) => ResponseError::KafkaStorageError.code(),
         PartitionError::Storage(s) => storage_code(s),
     }

@@ -50,14 +50,28 @@ struct PartitionResult {
 /// The response, and the file slices its records placeholders stand for
 /// (the response must be encoded with them: see [`super::response`]).
 pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, FileRecords) {
+    // A follower's fetch names its broker id (in ReplicaState from v15).
+    let (replica, broker_epoch) = if ctx.version >= 15 {
+        (req.replica_state.replica_id.0, req.replica_state.replica_epoch)
+    } else {
+        (req.replica_id.0, -1)
+    };
+    if replica >= 0 {
+        return super::replica_fetch::handle(ctx, req, replica, broker_epoch).await;
+    }
     let uses_ids = ctx.version >= 13;
     let read_committed = req.isolation_level == 1;
     let topic_key =
         |name: &TopicName, id: Uuid| if uses_ids { TopicKey::Id(id) } else { TopicKey::Name(name.0.to_string()) };
     let mut requested = Vec::new();
+    // KIP-320: the leader epoch the consumer believes current, checked against ours.
+    let mut epochs = std::collections::HashMap::new();
     for t in &req.topics {
         let key = topic_key(&t.topic, t.topic_id);
         for p in &t.partitions {
+            if ctx.version >= 9 && p.current_leader_epoch >= 0 {
+                epochs.insert((key.clone(), p.partition), p.current_leader_epoch);
+            }
             requested.push(((key.clone(), p.partition), CachedPartition::new(p.fetch_offset, p.partition_max_bytes)));
         }
     }
@@ -80,8 +94,19 @@ pub async fn handle(ctx: &RequestContext, req: FetchRequest) -> (FetchResponse, 
         }
     };
 
-    let targets: Vec<Target> =
-        partitions.into_iter().map(|(key, cached)| resolve(ctx, key, cached, uses_ids)).collect();
+    let targets: Vec<Target> = partitions
+        .into_iter()
+        .map(|(key, cached)| {
+            let epoch = epochs.get(&key).copied().unwrap_or(-1);
+            let mut target = resolve(ctx, key, cached, uses_ids);
+            if let Ok(p) = &target.partition {
+                if let Err(e) = p.check_leader_epoch(epoch) {
+                    target.partition = Err(error::partition_code(&e));
+                }
+            }
+            target
+        })
+        .collect();
     let response_max_bytes = (req.max_bytes.max(0) as usize).min(ctx.state.config().fetch_max_bytes);
     let min_bytes = req.min_bytes.max(0) as usize;
     let deadline = Instant::now() + Duration::from_millis(req.max_wait_ms.clamp(0, MAX_WAIT_MS_CAP) as u64);

@@ -102,14 +102,6 @@ async fn create_one(
             "replication factor {replication_factor} is not between 1 and the {live} available brokers"
         ))));
     }
-    if replication_factor > 1 {
-        // Followers do not replicate yet: a second replica would be a promise
-        // the cluster does not keep.
-        return Err(topic_refusal(TopicError::InvalidReplicationFactor(format!(
-            "replication factor {replication_factor}: this build keeps one replica per partition \
-             (replication is not built yet)"
-        ))));
-    }
     let configs: Vec<(String, Option<String>)> =
         t.configs.iter().map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))).collect();
     let overrides = ReplicaManager::validate_configs(&configs).map_err(topic_refusal)?;

@@ -44,14 +44,18 @@ pub fn handle(ctx: &RequestContext, req: ListOffsetsRequest) -> ListOffsetsRespo
                             .with_timestamp(-1)
                             .with_offset(-1);
                     };
-                    match lookup(partition, p.timestamp, read_committed) {
+                    let current = if ctx.version >= 4 { p.current_leader_epoch } else { -1 };
+                    let looked_up = partition
+                        .check_leader_epoch(current)
+                        .and_then(|()| lookup(partition, p.timestamp, read_committed));
+                    match looked_up {
                         Ok((timestamp, offset)) => base
                             .with_error_code(0)
                             .with_timestamp(timestamp)
                             .with_offset(offset)
                             // The field exists from v4; earlier versions must leave it at -1.
                             .with_leader_epoch(if offset >= 0 && ctx.version >= 4 {
-                                partition.leader_epoch
+                                partition.leader_epoch()
                             } else {
                                 -1
                             }),

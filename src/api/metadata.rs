@@ -162,7 +162,7 @@ fn topic_metadata(t: &Topic, node: i32) -> MetadataResponseTopic {
         .map(|p| {
             let partition = MetadataResponsePartition::default()
                 .with_partition_index(p.index)
-                .with_leader_epoch(p.leader_epoch)
+                .with_leader_epoch(p.leader_epoch())
                 .with_replica_nodes(vec![BrokerId(node)]);
             if p.offline_reason().is_some() {
                 // Its only replica is offline (damaged log), as Kafka reports

@@ -12,9 +12,11 @@ pub mod forward;
 pub mod group;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod producer;
 pub mod quorum;
+pub mod replica_fetch;
 pub mod response;
 pub mod routing;
 pub mod txn;
@@ -51,6 +53,10 @@ pub enum Outcome {
     NoResponse,
     /// Close the connection, logging the reason.
     Close(String),
+    /// The response comes later (an acks=all produce waiting for its
+    /// replicas): the connection goes on reading and handling requests, and
+    /// writes responses in request order.
+    Deferred(futures_util::future::BoxFuture<'static, Outcome>),
 }
 
 /// Handles one request frame (without its size prefix).
@@ -113,6 +119,13 @@ pub async fn handle(
             produce::ProduceOutcome::Respond(resp) => ResponseKind::Produce(resp),
             produce::ProduceOutcome::NoResponse => return Outcome::NoResponse,
             produce::ProduceOutcome::Close(reason) => return Outcome::Close(reason),
+            produce::ProduceOutcome::Deferred(later) => {
+                let header_version = api_key.response_header_version(version);
+                return Outcome::Deferred(Box::pin(async move {
+                    let response = ResponseKind::Produce(later.await);
+                    encode(correlation_id, header_version, api_key, version, &response, None)
+                }));
+            }
         },
         RequestKind::Fetch(r) => {
             let (response, records) = fetch::handle(&ctx, r).await;
@@ -120,6 +133,9 @@ pub async fn handle(
             ResponseKind::Fetch(response)
         }
         RequestKind::ListOffsets(r) => ResponseKind::ListOffsets(list_offsets::handle(&ctx, r)),
+        RequestKind::OffsetForLeaderEpoch(r) => {
+            ResponseKind::OffsetForLeaderEpoch(offset_for_leader_epoch::handle(&ctx, r))
+        }
         RequestKind::CreateTopics(r) if state.cluster().is_some() => {
             ResponseKind::CreateTopics(forward::create_topics(&ctx, r).await)
         }

@@ -15,11 +15,15 @@ use std::collections::HashMap;
 
 use super::routing::{self, NotServed};
 use super::{error, str_bytes, RequestContext};
-use crate::replica::{PartitionError, Topic};
+use crate::replica::{Partition, PartitionError, Topic};
 use crate::util::now_ms;
+use std::sync::Arc;
 
 pub enum ProduceOutcome {
     Respond(ProduceResponse),
+    /// acks=all with partitions whose high watermark has not reached the
+    /// batch yet: the response once it has (or the wait ended otherwise).
+    Deferred(futures_util::future::BoxFuture<'static, ProduceResponse>),
     NoResponse,
     /// acks=0 with an error: Kafka closes the connection so the client notices.
     Close(String),
@@ -33,17 +37,24 @@ struct PartitionResult {
     log_start_offset: i64,
     /// KIP-951: the leader to try instead (id, epoch).
     leader: Option<(i32, i32)>,
+    /// acks=all: the partition, the last offset its high watermark must
+    /// pass, and the leader epoch it was appended at.
+    wait: Option<(Arc<Partition>, i64, i32)>,
 }
 
 impl PartitionResult {
     fn error(index: i32, error_code: i16, message: Option<String>) -> Self {
-        PartitionResult { index, error_code, message, base_offset: -1, log_start_offset: -1, leader: None }
+        PartitionResult { index, error_code, message, base_offset: -1, log_start_offset: -1, leader: None, wait: None }
     }
 
     fn not_served(index: i32, n: NotServed) -> Self {
         PartitionResult { leader: n.leader, ..Self::error(index, n.code, None) }
     }
 }
+
+/// An acks=all partition waiting for its replicas: (topic position,
+/// partition position in the response, partition, last offset, leader epoch).
+type Wait = (usize, usize, Arc<Partition>, i64, i32);
 
 /// Produce v10+ carries the current leader of a NOT_LEADER_OR_FOLLOWER partition (KIP-951).
 const CURRENT_LEADER_VERSION: i16 = 10;
@@ -96,6 +107,8 @@ pub async fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome
     let mut responses = Vec::with_capacity(req.topic_data.len());
     let mut first_error: Option<String> = None;
     let mut leaders_named = Vec::new();
+    // acks=all: (topic position, partition position, partition, last offset, leader epoch).
+    let mut waits: Vec<Wait> = Vec::new();
     for topic_data in req.topic_data {
         // v13+ names topics by id (KIP-516), earlier versions by name.
         let topic: Option<std::sync::Arc<Topic>> = if ctx.version >= 13 {
@@ -140,7 +153,11 @@ pub async fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome
         }
         let partition_responses = partition_results
             .into_iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(at, mut r)| {
+                if let Some((p, last, epoch)) = r.wait.take() {
+                    waits.push((responses.len(), at, p, last, epoch));
+                }
                 let mut response = PartitionProduceResponse::default()
                     .with_index(r.index)
                     .with_error_code(r.error_code)
@@ -181,7 +198,49 @@ pub async fn handle(ctx: &RequestContext, req: ProduceRequest) -> ProduceOutcome
                 .with_rack(rack.as_deref().map(str_bytes))
         })
         .collect();
-    ProduceOutcome::Respond(ProduceResponse::default().with_responses(responses).with_node_endpoints(node_endpoints))
+    let response = ProduceResponse::default().with_responses(responses).with_node_endpoints(node_endpoints);
+    // Partitions whose high watermark already covers the batch (every one
+    // on a single node) need no wait.
+    waits.retain(|(_, _, p, last, epoch)| !matches!(p.replicated(*last, *epoch), Ok(true)));
+    if waits.is_empty() {
+        return ProduceOutcome::Respond(response);
+    }
+    let timeout = std::time::Duration::from_millis(req.timeout_ms.max(0) as u64);
+    ProduceOutcome::Deferred(Box::pin(wait_replicated(response, waits, timeout)))
+}
+
+/// Waits until each partition's high watermark passes its batch (acks=all),
+/// the ISR falls below min.insync.replicas (NOT_ENOUGH_REPLICAS_AFTER_APPEND),
+/// leadership moves (NOT_LEADER_OR_FOLLOWER) or the request's timeout
+/// passes (REQUEST_TIMED_OUT); the batches stay in the log either way, as
+/// in Kafka, and a retry is answered from the producer state.
+async fn wait_replicated(
+    mut response: ProduceResponse,
+    waits: Vec<Wait>,
+    timeout: std::time::Duration,
+) -> ProduceResponse {
+    let deadline = tokio::time::Instant::now() + timeout;
+    for (t, at, partition, last, epoch) in waits {
+        let code = loop {
+            let mut changed = partition.subscribe();
+            changed.borrow_and_update();
+            match partition.replicated(last, epoch) {
+                Ok(true) => break 0,
+                Ok(false) => {}
+                Err(e) => break error::partition_code(&e),
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { break ResponseError::NotLeaderOrFollower.code() },
+                _ = tokio::time::sleep_until(deadline) => break ResponseError::RequestTimedOut.code(),
+            }
+        };
+        if code != 0 {
+            let r = &mut response.responses[t].partition_responses[at];
+            r.error_code = code;
+            r.base_offset = -1;
+        }
+    }
+    response
 }
 
 fn produce_partition(
@@ -273,28 +332,30 @@ fn produce_partition(
             Err(e) => return PartitionResult::error(index, error::batch_code(&e), Some(e.to_string())),
         }
     }
-    if acks == -1 && partition.isr_size() < partition.min_insync_replicas() {
-        return PartitionResult::error(
-            index,
-            ResponseError::NotEnoughReplicas.code(),
-            Some(format!(
-                "{} in-sync replica(s), min.insync.replicas={}",
-                partition.isr_size(),
-                partition.min_insync_replicas()
-            )),
-        );
+    if acks == -1 {
+        if let Some((isr, required)) = partition.under_min_isr() {
+            return PartitionResult::error(
+                index,
+                ResponseError::NotEnoughReplicas.code(),
+                Some(format!(
+                    "{isr} in-sync replica(s), fewer than {required} (min.insync.replicas={})",
+                    partition.min_insync_replicas()
+                )),
+            );
+        }
     }
     // The request's bytes go to the file as they are: the log writes each
     // batch's offset-stamped header prefix from a small copy (no record copy).
-    match partition.append(&records, AppendOrigin::Client, now_ms()) {
+    match partition.append_at_epoch(&records, AppendOrigin::Client, now_ms()) {
         // A retried batch already in the log: its original offsets, no error (KIP-98).
-        Ok(info) => PartitionResult {
+        Ok((info, epoch)) => PartitionResult {
             index,
             error_code: 0,
             message: None,
             base_offset: info.base_offset,
             log_start_offset: info.log_start_offset,
             leader: None,
+            wait: (acks == -1).then(|| (partition.clone(), info.last_offset, epoch)),
         },
         Err(e) => {
             if let PartitionError::Storage(s) = &e {

@@ -401,6 +401,7 @@ mod tests {
             Outcome::Respond(r) => r,
             Outcome::NoResponse => panic!("no response"),
             Outcome::Close(reason) => panic!("closed: {reason}"),
+            Outcome::Deferred(_) => panic!("deferred"),
         }
     }
 

@@ -33,13 +33,17 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
             let r = replicas.clone();
             let image = current.clone();
             let result = tokio::task::spawn_blocking(move || apply(&r, &image, me)).await;
+            // Roles and epochs follow the image once the logs are there.
+            if let Some(replication) = state.replication() {
+                replication.apply_image(&current);
+            }
             // Coordinator shards follow the `__consumer_offsets` partitions hosted here.
             if let Some(t) = current.topic(OFFSETS_TOPIC) {
-                let hosted = replicas.topic(OFFSETS_TOPIC).map(|t| t.partitions.clone()).unwrap_or_default();
+                let hosted = led_here(&replicas, OFFSETS_TOPIC);
                 state.groups().host(&hosted, t.partitions.len() as i32);
             }
             if let Some(t) = current.topic(TXN_TOPIC) {
-                let hosted = replicas.topic(TXN_TOPIC).map(|t| t.partitions.clone()).unwrap_or_default();
+                let hosted = led_here(&replicas, TXN_TOPIC);
                 state.txns().host(&hosted, t.partitions.len() as i32);
             }
             match result {
@@ -55,6 +59,11 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
             changed = images.changed() => if changed.is_err() { return },
         }
     }
+}
+
+/// The partitions of `topic` this broker leads: coordinators run there only.
+fn led_here(replicas: &ReplicaManager, topic: &str) -> Vec<Arc<crate::replica::Partition>> {
+    replicas.topic(topic).map(|t| t.partitions.iter().filter(|p| p.is_leader()).cloned().collect()).unwrap_or_default()
 }
 
 /// One pass: makes the local topics match what `image` places on broker `me`.

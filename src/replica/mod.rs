@@ -7,7 +7,11 @@
 //! store's mutex, write the metadata file, then publish a new map.
 
 pub mod fd_room;
+pub mod fetcher;
+pub mod hw_checkpoint;
 pub mod partition;
+pub mod replication;
+pub mod state;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -134,7 +138,16 @@ pub struct ReplicaManager {
     /// In a cluster: every topic of the cluster with its partition count
     /// (hosted here or not), as of the last image applied.
     catalog: RwLock<Option<Arc<HashMap<String, i32>>>>,
+    /// Whether the previous run of this broker stopped cleanly (its logs
+    /// closed and flushed): a replica that crashed may have lost its
+    /// unflushed tail, and the controller must not elect it from the
+    /// eligible leader replicas (KIP-966).
+    pub previous_clean_shutdown: bool,
 }
+
+/// Written after every log is closed on a clean stop and removed at start
+/// (Kafka's `.kafka_cleanshutdown`).
+pub const CLEAN_SHUTDOWN_FILE: &str = ".strand_cleanshutdown";
 
 fn now_ms() -> i64 {
     crate::util::now_ms()
@@ -147,14 +160,23 @@ impl ReplicaManager {
     /// Loads metadata and opens (recovering as needed) every partition log.
     pub fn open(config: BrokerConfig) -> Result<ReplicaManager, TopicError> {
         let store = MetadataStore::open(&config.log_dir, config.node_id)?;
+        let marker = config.log_dir.join(CLEAN_SHUTDOWN_FILE);
+        let previous_clean_shutdown = marker.exists();
+        if previous_clean_shutdown {
+            // Gone before anything is written: a crash from now on is unclean.
+            std::fs::remove_file(&marker)
+                .and_then(|()| std::fs::File::open(&config.log_dir)?.sync_all())
+                .map_err(|source| StorageError::Io { path: marker.clone(), source })?;
+        }
         let dynamic = DynamicBrokerConfigs {
             cluster_default: store.image.broker_configs_cluster_default.clone(),
             this_broker: store.image.broker_configs_this_broker.clone(),
         };
         let mut map = TopicMap::default();
         let started = std::time::Instant::now();
+        let checkpointed = hw_checkpoint::read(&config.log_dir);
         for (name, record) in &store.image.topics {
-            let topic = Self::open_topic(&config, &dynamic, name, record, 0)?;
+            let topic = Self::open_topic(&config, &dynamic, name, record, &checkpointed)?;
             map.insert(Arc::new(topic));
         }
         Self::remove_stale_dirs(&config.log_dir, &map);
@@ -168,6 +190,7 @@ impl ReplicaManager {
             topics: RwLock::new(Arc::new(map)),
             dynamic: RwLock::new(dynamic),
             catalog: RwLock::new(None),
+            previous_clean_shutdown,
         })
     }
 
@@ -291,12 +314,12 @@ impl ReplicaManager {
         dynamic: &DynamicBrokerConfigs,
         name: &str,
         record: &TopicRecord,
-        first: i32,
+        checkpointed: &HashMap<(String, i32), i64>,
     ) -> Result<Topic, TopicError> {
         let effective = topic_config::effective(config, dynamic, &record.configs);
         let partitions = match &record.hosted {
-            None => Self::open_partitions(config, &effective, name, first, record.partitions)?,
-            Some(hosted) => Self::open_hosted(config, &effective, name, hosted)?,
+            None => Self::open_partitions(config, &effective, name, 0, record.partitions)?,
+            Some(hosted) => Self::open_hosted(config, &effective, name, hosted, checkpointed)?,
         };
         Ok(Topic {
             name: name.to_string(),
@@ -333,6 +356,11 @@ impl ReplicaManager {
     /// Records the cluster's topics and partition counts (from the image).
     pub fn set_catalog(&self, catalog: HashMap<String, i32>) {
         *self.catalog.write().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(catalog));
+    }
+
+    /// Whether this broker is a cluster node (the image has been applied).
+    pub fn in_cluster(&self) -> bool {
+        self.catalog.read().unwrap_or_else(|e| e.into_inner()).is_some()
     }
 
     /// Whether the partition exists: anywhere in the cluster, or here on a single node.
@@ -521,7 +549,7 @@ impl ReplicaManager {
         let effective = topic_config::effective(&self.config, &self.dynamic_configs(), configs);
         let new: Vec<i32> = wanted.iter().copied().filter(|p| !have.contains(p)).collect();
         Self::check_fd_room(new.len())?;
-        let opened = Self::open_hosted(&self.config, &effective, name, &new)?;
+        let opened = Self::open_hosted(&self.config, &effective, name, &new, &HashMap::new())?;
         let previous = store.image.topics.insert(name.to_string(), record);
         if let Err(e) = store.save() {
             match previous {
@@ -569,6 +597,7 @@ impl ReplicaManager {
         effective: &EffectiveTopicConfig,
         name: &str,
         hosted: &[i32],
+        checkpointed: &HashMap<(String, i32), i64>,
     ) -> Result<Vec<Arc<Partition>>, TopicError> {
         let mut sorted = hosted.to_vec();
         sorted.sort_unstable();
@@ -577,9 +606,25 @@ impl ReplicaManager {
             .into_iter()
             .map(|p| {
                 let log = Log::open(Self::partition_dir(config, name, p), effective.log.clone(), now_ms())?;
-                Ok(Arc::new(Partition::new(name, p, log, effective.min_insync_replicas)))
+                let hw = checkpointed.get(&(name.to_string(), p)).copied().unwrap_or(0);
+                Ok(Arc::new(Partition::new_replica(name, p, log, effective.min_insync_replicas, config.node_id, hw)))
             })
             .collect()
+    }
+
+    /// Writes every cluster partition's high watermark to
+    /// `replication-offset-checkpoint` (periodically and at shutdown).
+    pub fn checkpoint_high_watermarks(&self) {
+        let mut entries = Vec::new();
+        for topic in self.topics().by_name.values() {
+            for p in &topic.partitions {
+                entries.push((topic.name.clone(), p.index, p.high_watermark()));
+            }
+        }
+        entries.sort();
+        if let Err(e) = hw_checkpoint::write(&self.config.log_dir, &entries) {
+            tracing::warn!(dir = %self.config.log_dir.display(), error = %e, "cannot write the high-watermark checkpoint");
+        }
     }
 
     /// Removes a topic and its local logs (a deletion, or a topic the
@@ -699,9 +744,10 @@ impl ReplicaManager {
     fn apply_configs(&self, topic: &Topic) -> Result<(), TopicError> {
         let effective = topic_config::effective(&self.config, &self.dynamic_configs(), &topic.configs);
         for p in &topic.partitions {
-            match p.set_config(effective.log.clone(), effective.min_insync_replicas) {
-                Ok(()) | Err(PartitionError::Gone | PartitionError::Offline(_)) => {}
-                Err(PartitionError::Storage(e)) => return Err(e.into()),
+            // Gone or offline: nothing to configure; only storage errors matter.
+            if let Err(PartitionError::Storage(e)) = p.set_config(effective.log.clone(), effective.min_insync_replicas)
+            {
+                return Err(e.into());
             }
         }
         Ok(())
@@ -797,10 +843,10 @@ impl ReplicaManager {
                         records_removed = stats.records_removed,
                         "compacted"
                     ),
-                    Ok(_) | Err(PartitionError::Gone | PartitionError::Offline(_)) => {}
                     Err(PartitionError::Storage(e)) => {
                         tracing::error!(topic = %topic.name, partition = p.index, error = %e, "compaction failed")
                     }
+                    Ok(_) | Err(_) => {}
                 }
             }
         }
@@ -808,11 +854,25 @@ impl ReplicaManager {
 
     /// Flushes and closes every log (clean shutdown).
     pub fn close(&self) {
+        if self.in_cluster() {
+            self.checkpoint_high_watermarks();
+        }
+        let mut clean = true;
         for topic in self.topics().by_name.values() {
             for p in &topic.partitions {
                 if let Err(e) = p.close() {
+                    clean = false;
                     tracing::error!(topic = %topic.name, partition = p.index, error = %e, "log close failed");
                 }
+            }
+        }
+        if clean {
+            let marker = self.config.log_dir.join(CLEAN_SHUTDOWN_FILE);
+            let written = std::fs::File::create(&marker)
+                .and_then(|f| f.sync_all())
+                .and_then(|()| std::fs::File::open(&self.config.log_dir)?.sync_all());
+            if let Err(e) = written {
+                tracing::warn!(file = %marker.display(), error = %e, "cannot record the clean shutdown");
             }
         }
     }

@@ -1,13 +1,19 @@
-//! One partition this broker leads: its log, leader epoch, high watermark and
-//! last stable offset.
+//! One partition hosted here: its log and its replication state (role,
+//! leader epoch, high watermark, ISR, followers' progress: see [`state`]).
 //!
 //! A single node is the replication-factor-1 case of the replicated design:
 //! the ISR is this broker alone, so the high watermark moves to the log end
-//! offset as soon as an append is written. The last stable offset equals the
-//! high watermark until transactions exist.
+//! offset as soon as an append is written. In a cluster the leader's high
+//! watermark follows its followers' fetches, and a follower's follows the
+//! leader's.
+//!
+//! Lock order: the log, then the replication state; neither is held across
+//! an `.await`.
 
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, MutexGuard};
+
+use super::state::{Effect, FetchPosition, PartitionState};
 
 use strand_storage::{
     AbortedTxn, AppendInfo, AppendOrigin, CleanStats, Log, LogConfig, ProducerInfo, ReadInfo, StorageError,
@@ -20,6 +26,19 @@ use tokio::sync::watch;
 pub enum PartitionError {
     #[error("partition is no longer hosted here")]
     Gone,
+    /// Not led here (a follower, offline, or the leadership moved).
+    #[error("this broker does not lead the partition")]
+    NotLeader,
+    /// The ISR fell below `min(min.insync.replicas, replicas)` while an
+    /// acks=all write waited for it.
+    #[error("{isr} in-sync replica(s), fewer than the {required} required")]
+    UnderMinIsr { isr: usize, required: usize },
+    /// The request names a leader epoch older than the partition's.
+    #[error("leader epoch {requested} is older than the current {current}")]
+    FencedLeaderEpoch { requested: i32, current: i32 },
+    /// The request names a leader epoch this broker has not seen yet.
+    #[error("leader epoch {requested} is newer than the current {current}")]
+    UnknownLeaderEpoch { requested: i32, current: i32 },
     /// Damage was found in its log (by a read or the scrubber): it serves
     /// nothing until an operator repairs it.
     #[error("partition is offline: {0}")]
@@ -37,37 +56,113 @@ pub struct PartitionOffsets {
     pub log_end_offset: i64,
 }
 
+/// What a follower's fetch read from the leader.
+#[derive(Debug)]
+pub struct ReplicaRead {
+    pub info: ReadInfo,
+    pub offsets: PartitionOffsets,
+    /// The follower's log diverges from the leader's: (epoch, end offset)
+    /// to truncate to (KIP-320's DivergingEpoch); nothing is read then.
+    pub diverging: Option<(i32, i64)>,
+    /// What the leader must still do (ISR changes to send).
+    pub effects: Vec<Effect>,
+}
+
 #[derive(Debug)]
 pub struct Partition {
     pub topic: String,
     pub index: i32,
-    /// Leader epoch: 0 for the single node; bumps on leadership change in a cluster.
-    pub leader_epoch: i32,
     min_insync_replicas: AtomicI32,
     /// `cleanup.policy` includes compact: records must have keys.
     compacted: AtomicBool,
     /// `None` once the partition is deleted or closed.
     log: Mutex<Option<Log>>,
-    /// Publishes the high watermark so long-polling fetches wake on appends.
+    /// Role, epochs, high watermark, ISR (see [`PartitionState`]).
+    state: Mutex<PartitionState>,
+    /// Publishes the high watermark so consumers' long polls wake when it moves.
     high_watermark: watch::Sender<i64>,
+    /// Publishes the log end offset so followers' long polls wake on appends.
+    log_end: watch::Sender<i64>,
     /// Why the partition was taken offline, once damage is found.
     offline: std::sync::OnceLock<String>,
 }
 
 impl Partition {
+    /// A single node's partition: led here at epoch 0, everything appended committed.
     pub fn new(topic: &str, index: i32, log: Log, min_insync_replicas: i32) -> Partition {
-        let hw = log.log_end_offset();
+        let state = PartitionState::single_node(log.log_end_offset(), min_insync_replicas);
+        Self::with_state(topic, index, log, min_insync_replicas, state)
+    }
+
+    /// A cluster partition: it serves nothing until the image says who leads
+    /// it. `high_watermark` is the checkpointed one.
+    pub fn new_replica(
+        topic: &str,
+        index: i32,
+        log: Log,
+        min_insync_replicas: i32,
+        me: i32,
+        high_watermark: i64,
+    ) -> Partition {
+        let state = PartitionState::new(me, log.log_end_offset(), high_watermark, min_insync_replicas);
+        Self::with_state(topic, index, log, min_insync_replicas, state)
+    }
+
+    fn with_state(topic: &str, index: i32, log: Log, min_insync_replicas: i32, state: PartitionState) -> Partition {
         let compacted = AtomicBool::new(log.config().cleanup_compact);
         Partition {
             compacted,
             topic: topic.to_string(),
             index,
-            leader_epoch: 0,
             min_insync_replicas: AtomicI32::new(min_insync_replicas),
+            high_watermark: watch::Sender::new(state.high_watermark),
+            log_end: watch::Sender::new(log.log_end_offset()),
+            state: Mutex::new(state),
             log: Mutex::new(Some(log)),
-            high_watermark: watch::Sender::new(hw),
             offline: std::sync::OnceLock::new(),
         }
+    }
+
+    fn lock_state(&self) -> MutexGuard<'_, PartitionState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A copy of the replication state (for describing it).
+    pub fn replication(&self) -> PartitionState {
+        self.lock_state().clone()
+    }
+
+    pub fn leader_epoch(&self) -> i32 {
+        self.lock_state().leader_epoch
+    }
+
+    pub fn is_leader(&self) -> bool {
+        self.lock_state().is_leader()
+    }
+
+    /// Checks a request's `current_leader_epoch` (-1: not given) against ours.
+    pub fn check_leader_epoch(&self, requested: i32) -> Result<(), PartitionError> {
+        let current = self.lock_state().leader_epoch;
+        match requested {
+            r if r < 0 || r == current => Ok(()),
+            r if r < current => Err(PartitionError::FencedLeaderEpoch { requested: r, current }),
+            r => Err(PartitionError::UnknownLeaderEpoch { requested: r, current }),
+        }
+    }
+
+    /// Carries out the effects that are the partition's own (publishing a
+    /// new high watermark) and returns the rest for the replication driver.
+    fn publish(&self, effects: Vec<Effect>) -> Vec<Effect> {
+        effects
+            .into_iter()
+            .filter(|e| match e {
+                Effect::HighWatermark(hw) => {
+                    self.advance_high_watermark(*hw);
+                    false
+                }
+                _ => true,
+            })
+            .collect()
     }
 
     /// Locks the log. A panic elsewhere while holding the lock leaves the log
@@ -76,15 +171,17 @@ impl Partition {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> Result<T, StorageError>) -> Result<T, PartitionError> {
+    fn with_log<T>(&self, f: impl FnOnce(&mut Log) -> Result<T, PartitionError>) -> Result<T, PartitionError> {
         let mut guard = self.lock();
         let log = guard.as_mut().ok_or(PartitionError::Gone)?;
         if let Some(reason) = self.offline.get() {
             return Err(PartitionError::Offline(reason.clone()));
         }
         match f(log) {
-            Err(e @ StorageError::DamagedSegment { .. }) => Err(self.take_offline(&e, log.dir())),
-            other => Ok(other?),
+            Err(PartitionError::Storage(e @ StorageError::DamagedSegment { .. })) => {
+                Err(self.take_offline(&e, log.dir()))
+            }
+            other => other,
         }
     }
 
@@ -113,31 +210,268 @@ impl Partition {
         self.min_insync_replicas.load(Ordering::Relaxed)
     }
 
-    /// In-sync replicas: this broker alone.
-    pub fn isr_size(&self) -> i32 {
-        1
+    /// Whether an acks=all batch ending at `last_offset`, appended at
+    /// `leader_epoch`, is committed: `Ok(true)` once the high watermark
+    /// passes it while this broker still leads at that epoch (a deposed
+    /// leader's high watermark says nothing about its old appends, which
+    /// the new leader may have cut), `Ok(false)` while waiting.
+    pub fn replicated(&self, last_offset: i64, leader_epoch: i32) -> Result<bool, PartitionError> {
+        let s = self.lock_state();
+        if !s.is_leader() || s.leader_epoch != leader_epoch {
+            return Err(PartitionError::NotLeader);
+        }
+        if s.high_watermark > last_offset {
+            return Ok(true);
+        }
+        if s.under_min_isr() {
+            return Err(PartitionError::UnderMinIsr {
+                isr: s.isr.len(),
+                required: s.min_insync_replicas.max(1) as usize,
+            });
+        }
+        Ok(false)
     }
 
-    /// Appends client batches (validated, offsets assigned, bytes written as
-    /// received) and advances the high watermark.
-    /// Appends whole batches as given (the log stamps offsets into its copy
-    /// of each header; `batches` itself, often a request buffer, is not changed).
+    /// `(ISR size, required)` when the ISR is smaller than
+    /// `min(min.insync.replicas, replicas)`: acks=all writes are refused.
+    pub fn under_min_isr(&self) -> Option<(usize, usize)> {
+        let s = self.lock_state();
+        s.under_min_isr().then(|| (s.isr.len(), s.min_insync_replicas.max(1) as usize))
+    }
+
+    /// Appends client (or coordinator) batches on the leader: validated,
+    /// offsets assigned, stamped with the leader epoch, bytes written as
+    /// received (the log stamps offsets into its copy of each header;
+    /// `batches` itself, often a request buffer, is not changed).
     pub fn append(&self, batches: &[u8], origin: AppendOrigin, now_ms: i64) -> Result<AppendInfo, PartitionError> {
+        self.append_at_epoch(batches, origin, now_ms).map(|(info, _)| info)
+    }
+
+    /// [`Self::append`], also returning the leader epoch the batches were
+    /// written at (what an acks=all wait checks leadership against).
+    pub fn append_at_epoch(
+        &self,
+        batches: &[u8],
+        origin: AppendOrigin,
+        now_ms: i64,
+    ) -> Result<(AppendInfo, i32), PartitionError> {
         self.with_log(|log| {
-            let info = log.append_shared(batches, self.leader_epoch, origin, now_ms)?;
-            // RF=1: the write is replicated to the whole ISR once it is in the
-            // log. Published under the log lock, so two appends cannot publish
-            // out of order; a retried batch (a duplicate) wrote nothing and
-            // does not move the high watermark.
-            if !info.duplicate {
-                self.advance_high_watermark(log.log_end_offset());
+            let mut state = self.lock_state();
+            if !state.is_leader() {
+                return Err(PartitionError::NotLeader);
             }
-            Ok(info)
+            let info = log.append_shared(batches, state.leader_epoch, origin, now_ms)?;
+            // Published under the log lock, so two appends cannot publish out
+            // of order; a retried batch (a duplicate) wrote nothing.
+            if !info.duplicate {
+                let leo = log.log_end_offset();
+                let effects = state.on_leader_append(leo);
+                drop(state);
+                let rest = self.publish(effects);
+                debug_assert!(rest.is_empty(), "an append asks for nothing but a high watermark: {rest:?}");
+                self.log_end.send_replace(leo);
+                return Ok((info, self.lock_state().leader_epoch));
+            }
+            let epoch = state.leader_epoch;
+            Ok((info, epoch))
         })
     }
 
-    /// Raises the high watermark to `hw`. It never moves backwards: a
-    /// consumer that has seen an offset below it must keep seeing it.
+    /// Appends batches fetched from the leader as they are (offsets and
+    /// leader epochs kept), then takes the leader's high watermark and log
+    /// start offset as far as the local log reaches.
+    pub fn append_replicated(
+        &self,
+        batches: &[u8],
+        leader_high_watermark: i64,
+        leader_log_start_offset: i64,
+        now_ms: i64,
+    ) -> Result<(), PartitionError> {
+        self.with_log(|log| {
+            if matches!(self.lock_state().role, super::state::Role::Leader) {
+                return Err(PartitionError::NotLeader);
+            }
+            if !batches.is_empty() {
+                log.append_replicated(batches, now_ms)?;
+            }
+            let leo = log.log_end_offset();
+            if leader_log_start_offset > log.log_start_offset() && leader_log_start_offset <= leo {
+                log.delete_records(leader_log_start_offset)?;
+            }
+            let effects = self.lock_state().on_follower_progress(leo, leader_high_watermark);
+            self.publish(effects);
+            self.log_end.send_replace(leo);
+            Ok(())
+        })
+    }
+
+    /// Cuts a follower's log where the leader's diverges: at the end of
+    /// `epoch` as the leader knows it, or earlier where the local log's own
+    /// copy of that epoch ends (KIP-101, KIP-279). Returns the new log end.
+    pub fn truncate_diverging(&self, epoch: i32, end_offset: i64) -> Result<i64, PartitionError> {
+        self.with_log(|log| {
+            let local = log.end_offset_for_epoch(epoch);
+            let to = super::state::truncation_offset((epoch, end_offset), local, log.log_start_offset());
+            if to < log.log_end_offset() {
+                tracing::info!(topic = %self.topic, partition = self.index, leader_epoch = epoch, leader_end = end_offset, to, "truncating to the leader's log");
+                log.truncate_to(to)?;
+            }
+            let leo = log.log_end_offset();
+            let mut state = self.lock_state();
+            if state.on_truncate(leo) {
+                tracing::warn!(topic = %self.topic, partition = self.index, log_end = leo, "truncated below the high watermark (an unclean leader?)");
+            }
+            drop(state);
+            self.log_end.send_replace(leo);
+            Ok(leo)
+        })
+    }
+
+    /// The leader's log is cut at `log_start_offset` beyond this follower's
+    /// end (retention, DeleteRecords): the local log restarts empty there.
+    pub fn restart_at(&self, log_start_offset: i64) -> Result<(), PartitionError> {
+        self.with_log(|log| {
+            log.truncate_fully_and_start_at(log_start_offset)?;
+            self.lock_state().on_truncate(log_start_offset);
+            self.log_end.send_replace(log_start_offset);
+            Ok(())
+        })
+    }
+
+    /// The leader serves a follower's fetch: checks its epochs, answers a
+    /// diverging log with where to truncate, else reads up to the log end
+    /// and records the follower's progress (which may raise the high
+    /// watermark and ask for an ISR expansion).
+    #[allow(clippy::too_many_arguments)]
+    pub fn read_for_follower(
+        &self,
+        replica: i32,
+        broker_epoch: i64,
+        fetch_offset: i64,
+        last_fetched_epoch: i32,
+        current_leader_epoch: i32,
+        max_bytes: usize,
+        now_ms: i64,
+    ) -> Result<ReplicaRead, PartitionError> {
+        self.check_leader_epoch(current_leader_epoch)?;
+        let read = self.with_log(|log| {
+            let mut state = self.lock_state();
+            if !state.is_leader() {
+                return Err(PartitionError::NotLeader);
+            }
+            if !state.replicas.contains(&replica) {
+                return Err(PartitionError::NotLeader);
+            }
+            let leo = log.log_end_offset();
+            let leader_end =
+                if last_fetched_epoch >= 0 { log.end_offset_for_epoch(last_fetched_epoch) } else { (-1, -1) };
+            match super::state::check_fetch_position(last_fetched_epoch, fetch_offset, leader_end) {
+                FetchPosition::Valid => {}
+                FetchPosition::Diverging { epoch, end_offset } => {
+                    return Ok(ReplicaRead {
+                        info: ReadInfo::default(),
+                        offsets: Self::offsets_of(log, state.high_watermark),
+                        diverging: Some((epoch, end_offset)),
+                        effects: Vec::new(),
+                    });
+                }
+                FetchPosition::OutOfRange => {
+                    // Kafka answers OFFSET_OUT_OF_RANGE: the follower starts
+                    // again from this log's start.
+                    return Err(StorageError::OffsetOutOfRange {
+                        offset: fetch_offset,
+                        log_start_offset: log.log_start_offset(),
+                        log_end_offset: leo,
+                    }
+                    .into());
+                }
+            }
+            let info = log.read(fetch_offset, max_bytes, leo, true)?;
+            let effects = state.on_follower_fetch(replica, fetch_offset, broker_epoch, now_ms);
+            let hw = state.high_watermark;
+            drop(state);
+            let effects = self.publish(effects);
+            Ok(ReplicaRead { info, offsets: Self::offsets_of(log, hw), diverging: None, effects })
+        })?;
+        Ok(read)
+    }
+
+    /// Where a follower fetches from: (log end offset, the leader epoch of
+    /// its last batch or -1, log start offset).
+    pub fn fetch_position(&self) -> Result<(i64, i32, i64), PartitionError> {
+        self.with_log(|log| Ok((log.log_end_offset(), log.latest_epoch().unwrap_or(-1), log.log_start_offset())))
+    }
+
+    /// Wakes whoever waits on the high watermark (acks=all produces, long
+    /// polls) to look again: the role or the ISR changed.
+    fn wake_waiters(&self) {
+        self.high_watermark.send_modify(|_| ());
+    }
+
+    /// OffsetForLeaderEpoch: the largest epoch at or below `epoch` and where
+    /// it ends in this leader's log.
+    pub fn end_offset_for_epoch(&self, current_leader_epoch: i32, epoch: i32) -> Result<(i32, i64), PartitionError> {
+        self.check_leader_epoch(current_leader_epoch)?;
+        self.with_log(|log| {
+            if !self.lock_state().is_leader() {
+                return Err(PartitionError::NotLeader);
+            }
+            Ok(log.end_offset_for_epoch(epoch))
+        })
+    }
+
+    /// Applies the partition's registration in a new image: a new role or
+    /// leader epoch (a new leader records its epoch's start in the epoch
+    /// cache before it takes a write). Returns what the driver must do.
+    pub fn apply_registration(
+        &self,
+        registration: &crate::metadata::image::PartitionRegistration,
+        now_ms: i64,
+    ) -> Result<Vec<Effect>, PartitionError> {
+        self.with_log(|log| {
+            let mut state = self.lock_state();
+            state.log_end_offset = log.log_end_offset();
+            let effects = state.apply_registration(registration, now_ms);
+            drop(state);
+            for e in &effects {
+                if let Effect::BecameLeader { leader_epoch, start_offset } = e {
+                    log.assign_epoch(*leader_epoch, *start_offset)?;
+                }
+            }
+            let rest = self.publish(effects);
+            self.wake_waiters();
+            Ok::<_, PartitionError>(rest)
+        })
+    }
+
+    /// Followers not caught up for `lag_max_ms` leave the ISR.
+    pub fn shrink_isr_if_lagging(&self, now_ms: i64, lag_max_ms: i64) -> Vec<Effect> {
+        let effects = self.lock_state().shrink_if_lagging(now_ms, lag_max_ms);
+        self.publish(effects)
+    }
+
+    /// The controller's answer to an ISR change this leader proposed.
+    pub fn isr_change_done(
+        &self,
+        proposal: &super::state::IsrProposal,
+        committed: Option<(i32, i32, Vec<i32>)>,
+    ) -> Vec<Effect> {
+        let mut state = self.lock_state();
+        let effects = match committed {
+            Some((leader_epoch, partition_epoch, isr)) => state.proposal_committed(leader_epoch, partition_epoch, isr),
+            None => {
+                state.proposal_failed(proposal);
+                Vec::new()
+            }
+        };
+        drop(state);
+        let rest = self.publish(effects);
+        self.wake_waiters();
+        rest
+    }
+
+    /// Publishes a higher watermark. It never moves backwards: a consumer
+    /// that has seen an offset below it must keep seeing it.
     fn advance_high_watermark(&self, hw: i64) {
         self.high_watermark.send_if_modified(|current| {
             assert!(
@@ -157,7 +491,7 @@ impl Partition {
     }
 
     pub fn offsets(&self) -> Result<PartitionOffsets, PartitionError> {
-        self.with_log(|log| Ok(Self::offsets_of(log, *self.high_watermark.borrow())))
+        self.with_log(|log| Ok::<_, PartitionError>(Self::offsets_of(log, *self.high_watermark.borrow())))
     }
 
     fn offsets_of(log: &Log, hw: i64) -> PartitionOffsets {
@@ -191,24 +525,29 @@ impl Partition {
 
     /// Producers with state on this partition (DescribeProducers).
     pub fn producers(&self) -> Result<Vec<ProducerInfo>, PartitionError> {
-        self.with_log(|log| Ok(log.producers()))
+        self.with_log(|log| Ok::<_, PartitionError>(log.producers()))
     }
 
     pub fn subscribe(&self) -> watch::Receiver<i64> {
         self.high_watermark.subscribe()
     }
 
+    /// Wakes on appends (followers' long polls).
+    pub fn subscribe_log_end(&self) -> watch::Receiver<i64> {
+        self.log_end.subscribe()
+    }
+
     pub fn lookup_timestamp(&self, ts: i64) -> Result<Option<TimestampLookup>, PartitionError> {
-        self.with_log(|log| log.lookup_timestamp(ts))
+        self.with_log(|log| Ok(log.lookup_timestamp(ts)?))
     }
 
     pub fn lookup_max_timestamp(&self) -> Result<Option<TimestampLookup>, PartitionError> {
-        self.with_log(|log| log.lookup_max_timestamp())
+        self.with_log(|log| Ok(log.lookup_max_timestamp()?))
     }
 
     /// Advances the log start offset (DeleteRecords). Returns the new low watermark.
     pub fn delete_records(&self, offset: i64) -> Result<i64, PartitionError> {
-        self.with_log(|log| log.delete_records(offset))
+        self.with_log(|log| Ok(log.delete_records(offset)?))
     }
 
     pub fn is_compacted(&self) -> bool {
@@ -220,14 +559,17 @@ impl Partition {
     /// segments) runs without the log lock: sealed segments never change, and
     /// the install step checks that the segments it replaces are still there.
     pub fn clean(&self, now_ms: i64, force: bool) -> Result<Option<CleanStats>, PartitionError> {
-        let Some(job) = self.with_log(|log| Ok(log.prepare_clean(now_ms, force)))? else { return Ok(None) };
+        let Some(job) = self.with_log(|log| Ok::<_, PartitionError>(log.prepare_clean(now_ms, force)))? else {
+            return Ok(None);
+        };
         let cleaned = job.run()?;
-        let stats = self.with_log(|log| log.install_clean(cleaned))?;
+        let stats = self.with_log(|log| Ok(log.install_clean(cleaned)?))?;
         Ok(Some(stats))
     }
 
     pub fn set_config(&self, log_config: LogConfig, min_insync_replicas: i32) -> Result<(), PartitionError> {
         self.min_insync_replicas.store(min_insync_replicas, Ordering::Relaxed);
+        self.lock_state().min_insync_replicas = min_insync_replicas;
         self.compacted.store(log_config.cleanup_compact, Ordering::Relaxed);
         self.with_log(|log| {
             log.set_config(log_config);
@@ -246,12 +588,15 @@ impl Partition {
         interval_ms: i64,
         pace: &mut dyn FnMut(u64) -> bool,
     ) -> Result<u64, PartitionError> {
-        let Some((base, job)) = self.with_log(|log| Ok(log.scrub_next(now_ms, interval_ms)))? else { return Ok(0) };
+        let Some((base, job)) = self.with_log(|log| Ok::<_, PartitionError>(log.scrub_next(now_ms, interval_ms)))?
+        else {
+            return Ok(0);
+        };
         match job.run(pace) {
             Ok(true) => {
                 // A segment replaced meanwhile counts as nothing done, so the
                 // caller moves on instead of picking the same job again.
-                if !self.with_log(|log| Ok(log.finish_scrub(base, &job, now_ms)))? {
+                if !self.with_log(|log| Ok::<_, PartitionError>(log.finish_scrub(base, &job, now_ms)))? {
                     return Ok(0);
                 }
                 tracing::debug!(topic = %self.topic, partition = self.index, segment = %job.path().display(), bytes = job.bytes(), "scrubbed segment");
@@ -276,10 +621,10 @@ impl Partition {
     /// log's lock) and the recovery point moved over it.
     pub fn maintain(&self, now_ms: i64, retention: bool, checkpoint: bool) -> Result<(), PartitionError> {
         if checkpoint {
-            if let Some(plan) = self.with_log(|log| Ok(log.flush_plan()))? {
+            if let Some(plan) = self.with_log(|log| Ok::<_, PartitionError>(log.flush_plan()))? {
                 match plan.sync() {
                     Ok(()) => {
-                        self.with_log(|log| log.complete_flush(plan))?;
+                        self.with_log(|log| Ok(log.complete_flush(plan)?))?;
                     }
                     Err(e) => {
                         tracing::warn!(topic = %self.topic, partition = self.index, error = %e, "background fsync failed; the recovery point stays")
@@ -289,7 +634,7 @@ impl Partition {
         }
         // Write back rolled segments before taking the log for the rest, so a
         // produce never waits behind the fsync of a whole segment.
-        for file in self.with_log(|log| Ok(log.rolled_segment_files()))? {
+        for file in self.with_log(|log| Ok::<_, PartitionError>(log.rolled_segment_files()))? {
             if let Err(e) = file.sync_data() {
                 tracing::warn!(topic = %self.topic, partition = self.index, error = %e, "fsync of a rolled segment failed; retried under the log lock");
             }

@@ -50,7 +50,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (mut reader, writer) = socket.into_split();
-    let (tx, rx) = mpsc::channel::<Response>(RESPONSES_QUEUED_MAX);
+    let (tx, rx) = mpsc::channel::<Queued>(RESPONSES_QUEUED_MAX);
     let progress = Arc::new(WriterProgress::default());
     let writer_task = tokio::spawn(write_loop(writer, rx, peer, progress.clone()));
     let mut frames = FrameReader::new(state.config().socket_request_max_bytes, state.request_pool().clone());
@@ -111,7 +111,14 @@ pub async fn run(
         match outcome {
             Outcome::Respond(response) => {
                 progress.unwritten.fetch_add(1, Ordering::Release);
-                if tx.send(response).await.is_err() {
+                if tx.send(Queued::Ready(response)).await.is_err() {
+                    break;
+                }
+            }
+            Outcome::Deferred(later) => {
+                // Waits on its own task; the writer takes its result in turn.
+                progress.unwritten.fetch_add(1, Ordering::Release);
+                if tx.send(Queued::Later(tokio::spawn(later))).await.is_err() {
                     break;
                 }
             }
@@ -146,13 +153,19 @@ fn idle_since(last_request: Instant, progress: &WriterProgress) -> Option<Instan
     Some(written.map_or(last_request, |w| w.max(last_request)))
 }
 
+/// A response in the writer's queue: ready, or still being produced.
+enum Queued {
+    Ready(Response),
+    Later(tokio::task::JoinHandle<Outcome>),
+}
+
 /// Most bytes one `sendfile` call is asked for (Linux caps a call at about 2 GiB).
 const SENDFILE_MAX_BYTES: usize = 1 << 30;
 
 /// Writes responses in order, coalescing whatever is queued into one flush.
 async fn write_loop(
     writer: OwnedWriteHalf,
-    mut rx: mpsc::Receiver<Response>,
+    mut rx: mpsc::Receiver<Queued>,
     peer: SocketAddr,
     progress: Arc<WriterProgress>,
 ) {
@@ -160,8 +173,29 @@ async fn write_loop(
     while let Some(first) = rx.recv().await {
         let mut next = Some(first);
         let mut batch = 0;
-        while let Some(response) = next {
+        while let Some(queued) = next {
             batch += 1;
+            let response = match queued {
+                Queued::Ready(r) => r,
+                Queued::Later(task) => {
+                    // Whatever is buffered goes out while this one waits.
+                    if let Err(e) = writer.flush().await {
+                        tracing::debug!(%peer, error = %e, "flush failed");
+                        return;
+                    }
+                    match task.await {
+                        Ok(Outcome::Respond(r)) => r,
+                        Ok(Outcome::Close(reason)) => {
+                            tracing::warn!(%peer, %reason, "closing connection");
+                            return;
+                        }
+                        Ok(Outcome::NoResponse) | Ok(Outcome::Deferred(_)) | Err(_) => {
+                            tracing::warn!(%peer, "closing connection: a deferred response was lost");
+                            return;
+                        }
+                    }
+                }
+            };
             if let Err(e) = write_response(&mut writer, &response).await {
                 match e {
                     WriteError::Socket(e) => tracing::debug!(%peer, error = %e, "write failed"),
@@ -317,8 +351,8 @@ mod tests {
             bytes: BytesMut::from(&b"head|mid|tail"[..]),
             files: vec![region(&file, 5, 1, 6 << 20), region(&file, 5, 7 << 20, 1000), region(&file, 9, 0, 10)],
         };
-        tx.send(first).await.unwrap();
-        tx.send(Response::bytes(BytesMut::from(&b"next"[..]))).await.unwrap();
+        tx.send(Queued::Ready(first)).await.unwrap();
+        tx.send(Queued::Ready(Response::bytes(BytesMut::from(&b"next"[..])))).await.unwrap();
         drop(tx);
         // The 6 MiB region is larger than any socket buffer, so the writer
         // meets a full socket (partial sends, waits for writability) whatever
@@ -345,10 +379,13 @@ mod tests {
         let file = file_with(&dir, &[7u8; 100]);
         let (write, mut client, peer) = pair().await;
         let (tx, rx) = mpsc::channel(4);
-        tx.send(Response { bytes: BytesMut::from(&b"headtail"[..]), files: vec![region(&file, 4, 50, 100)] })
-            .await
-            .unwrap();
-        tx.send(Response::bytes(BytesMut::from(&b"next"[..]))).await.unwrap();
+        tx.send(Queued::Ready(Response {
+            bytes: BytesMut::from(&b"headtail"[..]),
+            files: vec![region(&file, 4, 50, 100)],
+        }))
+        .await
+        .unwrap();
+        tx.send(Queued::Ready(Response::bytes(BytesMut::from(&b"next"[..])))).await.unwrap();
         drop(tx);
         write_loop(write, rx, peer, Default::default()).await;
         let mut got = Vec::new();
