@@ -158,11 +158,10 @@ async fn three_brokers_spread_serve_and_reroute() {
     let acked = produce_all(&cluster.bootstrap(2), "spread", 6, 5, true).await;
     assert_eq!(acked.len(), 30);
 
-    // Replication factors the cluster cannot keep are refused.
+    // A replication factor above the live brokers is refused; up to it, taken.
     let err = create_topic(&cluster.bootstrap(2), "too-many", 1, 4).await.unwrap_err();
     assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
-    let err = create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.unwrap_err();
-    assert!(err.contains("InvalidReplicationFactor") || err.contains("replication"), "{err}");
+    create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.expect("two replicas on three brokers");
 
     describe_quorum_and_features(&cluster).await;
     cluster.shutdown().await;
