@@ -78,20 +78,7 @@ async fn leaders(cluster: &ChildCluster, from: i32, topic: &str) -> Result<BTree
     Ok(t.partitions.iter().map(|p| (p.partition_index, p.leader_id.0)).collect())
 }
 
-/// Polls (bounded) until `check` says yes; returns the time it took.
-async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    common::wait_for(what, timeout, Duration::from_millis(20), || {
-        let fut = check();
-        async move { fut.await.then_some(()) }
-    })
-    .await;
-    started.elapsed()
-}
+use common::until;
 
 fn mib(kib: u64) -> String {
     format!("{:.1}", kib as f64 / 1024.0)

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::child_cluster::ChildCluster;
+use common::until;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -34,20 +35,6 @@ async fn partitions(cluster: &ChildCluster, from: i32) -> Result<BTreeMap<i32, (
         .iter()
         .map(|p| (p.partition_index, (p.leader_id.0, p.isr_nodes.iter().map(|b| b.0).collect())))
         .collect())
-}
-
-async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let started = Instant::now();
-    common::wait_for(what, timeout, Duration::from_millis(20), || {
-        let fut = check();
-        async move { fut.await.then_some(()) }
-    })
-    .await;
-    started.elapsed()
 }
 
 /// Writes `p{partition}-{n}` values to every partition, a window of sends in

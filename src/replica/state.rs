@@ -50,6 +50,19 @@ pub struct FollowerProgress {
     pub broker_epoch: i64,
 }
 
+impl FollowerProgress {
+    /// A follower not heard from yet, counted caught up at `caught_up_ms`.
+    fn unknown(caught_up_ms: i64) -> FollowerProgress {
+        FollowerProgress {
+            log_end_offset: -1,
+            last_caught_up_ms: caught_up_ms,
+            last_fetch_leader_leo: -1,
+            last_fetch_ms: -1,
+            broker_epoch: -1,
+        }
+    }
+}
+
 /// An ISR change this leader asked the controller for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IsrProposal {
@@ -194,19 +207,7 @@ impl PartitionState {
                         .replicas
                         .iter()
                         .filter(|r| **r != self.me)
-                        .map(|r| {
-                            let caught_up = if self.isr.contains(r) { now_ms } else { -1 };
-                            (
-                                *r,
-                                FollowerProgress {
-                                    log_end_offset: -1,
-                                    last_caught_up_ms: caught_up,
-                                    last_fetch_leader_leo: -1,
-                                    last_fetch_ms: -1,
-                                    broker_epoch: -1,
-                                },
-                            )
-                        })
+                        .map(|r| (*r, FollowerProgress::unknown(if self.isr.contains(r) { now_ms } else { -1 })))
                         .collect();
                     effects.push(Effect::BecameLeader {
                         leader_epoch: self.leader_epoch,
@@ -226,13 +227,7 @@ impl PartitionState {
             // Replicas added by a reassignment need progress entries.
             for r in self.replicas.clone() {
                 if r != self.me {
-                    self.followers.entry(r).or_insert(FollowerProgress {
-                        log_end_offset: -1,
-                        last_caught_up_ms: -1,
-                        last_fetch_leader_leo: -1,
-                        last_fetch_ms: -1,
-                        broker_epoch: -1,
-                    });
+                    self.followers.entry(r).or_insert(FollowerProgress::unknown(-1));
                 }
             }
             self.followers.retain(|r, _| reg.replicas.contains(r));

@@ -126,6 +126,21 @@ where
 }
 
 /// Waits (polling, bounded) until `addr` accepts TCP connections.
+/// Polls (bounded) until `check` says yes; returns the time it took.
+pub async fn until<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    wait_for(what, timeout, Duration::from_millis(20), || {
+        let fut = check();
+        async move { fut.await.then_some(()) }
+    })
+    .await;
+    started.elapsed()
+}
+
 pub fn wait_for_port(addr: SocketAddr, timeout: Duration, mut still_running: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     loop {
