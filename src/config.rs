@@ -188,6 +188,9 @@ pub struct GroupSettings {
     pub offsets_topic_num_partitions: i32,
     /// `offsets.topic.segment.bytes`.
     pub offsets_topic_segment_bytes: u64,
+    /// `offsets.topic.replication.factor` in a cluster, at most the brokers
+    /// registered when the topic is created (a single node keeps one copy).
+    pub offsets_topic_replication_factor: i16,
     /// `offsets.retention.minutes`, in ms: how long an empty group's offsets are kept.
     pub offsets_retention_ms: i64,
     /// `offsets.retention.check.interval.ms`.
@@ -210,6 +213,7 @@ impl Default for GroupSettings {
         GroupSettings {
             offsets_topic_num_partitions: 50,
             offsets_topic_segment_bytes: 104_857_600,
+            offsets_topic_replication_factor: 3,
             offsets_retention_ms: 7 * 24 * 3600 * 1000,
             offsets_retention_check_interval_ms: 600_000,
             offset_metadata_max_bytes: 4096,
@@ -286,7 +290,7 @@ impl Default for BrokerConfig {
 }
 
 /// Keys Kafka users commonly set that Strand accepts but has no use for yet
-/// (KRaft quorum wiring of a single node, replication of internal topics).
+/// (KRaft quorum wiring of a single node, share groups).
 /// They are logged at info level instead of as unknown.
 const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "controller.quorum.bootstrap.servers",
@@ -295,10 +299,6 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "socket.send.buffer.bytes",
     "socket.receive.buffer.bytes",
     "num.recovery.threads.per.data.dir",
-    "offsets.topic.replication.factor",
-    "transaction.state.log.replication.factor",
-    "transaction.state.log.min.isr",
-    "transaction.state.log.segment.bytes",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
 ];
@@ -465,6 +465,19 @@ impl BrokerConfig {
                 "offsets.topic.segment.bytes" => {
                     config.group.offsets_topic_segment_bytes =
                         parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64
+                }
+                "offsets.topic.replication.factor" => {
+                    config.group.offsets_topic_replication_factor =
+                        parse_int(value, 1, i16::MAX as i64).map_err(invalid)? as i16
+                }
+                "transaction.state.log.replication.factor" => {
+                    config.txn.replication_factor = parse_int(value, 1, i16::MAX as i64).map_err(invalid)? as i16
+                }
+                "transaction.state.log.min.isr" => {
+                    config.txn.min_isr = parse_int(value, 1, i16::MAX as i64).map_err(invalid)? as i32
+                }
+                "transaction.state.log.segment.bytes" => {
+                    config.txn.segment_bytes = parse_int(value, 14, i32::MAX as i64).map_err(invalid)? as u64
                 }
                 "offsets.retention.minutes" => {
                     config.group.offsets_retention_ms = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? * 60_000

@@ -196,25 +196,35 @@ impl ClusterNode {
         }
     }
 
-    /// Creates `name` through the controller unless the image has it;
-    /// returns its partition count. For the internal topics, created on
-    /// first use as Kafka creates them.
-    pub async fn ensure_topic(
-        &self,
-        name: &str,
-        partitions: i32,
-        configs: std::collections::BTreeMap<String, String>,
-    ) -> Result<i32, String> {
+    /// Creates the internal topic `name` (`__consumer_offsets` or
+    /// `__transaction_state`) through the controller unless the image has
+    /// it, as Kafka does on first use; returns its partition count. Its
+    /// replication factor is the configured one capped at the brokers
+    /// registered now (Kafka refuses instead; a two-broker test cluster
+    /// still gets its coordinators), and `__transaction_state` carries
+    /// `transaction.state.log.min.isr` as its `min.insync.replicas`.
+    pub async fn ensure_internal_topic(&self, config: &crate::config::BrokerConfig, name: &str) -> Result<i32, String> {
         if let Some(t) = self.image().topic(name) {
             return Ok(t.partitions.len() as i32);
         }
-        let request = Request::CreateTopic {
-            name: name.to_string(),
-            partitions,
-            replication_factor: 1,
-            configs,
-            assignment: None,
+        let (partitions, segment_bytes, wanted_rf, min_isr) = if name == crate::txn::TXN_TOPIC {
+            let s = &config.txn;
+            (s.num_partitions, s.segment_bytes, s.replication_factor, Some(s.min_isr))
+        } else {
+            let s = &config.group;
+            (s.offsets_topic_num_partitions, s.offsets_topic_segment_bytes, s.offsets_topic_replication_factor, None)
         };
+        let registered = self.image().brokers.len().clamp(1, i16::MAX as usize) as i16;
+        let replication_factor = wanted_rf.min(registered).max(1);
+        let mut configs = std::collections::BTreeMap::new();
+        configs.insert("cleanup.policy".to_string(), "compact".to_string());
+        configs.insert("segment.bytes".to_string(), segment_bytes.to_string());
+        if let Some(min_isr) = min_isr {
+            let min_isr = min_isr.min(replication_factor as i32).max(1);
+            configs.insert("min.insync.replicas".to_string(), min_isr.to_string());
+        }
+        let request =
+            Request::CreateTopic { name: name.to_string(), partitions, replication_factor, configs, assignment: None };
         match self.submit(request).await {
             Ok(Reply::TopicCreated { .. })
             | Ok(Reply::Error(crate::controller::core::ControllerError::TopicExists(_))) => {}
