@@ -58,10 +58,23 @@ pub fn partition_code(e: &PartitionError) -> i16 {
         PartitionError::Gone => ResponseError::UnknownTopicOrPartition.code(),
         PartitionError::NotLeader => ResponseError::NotLeaderOrFollower.code(),
         PartitionError::UnderMinIsr { .. } => ResponseError::NotEnoughReplicasAfterAppend.code(),
+        PartitionError::TimedOut => ResponseError::RequestTimedOut.code(),
         PartitionError::FencedLeaderEpoch { .. } => ResponseError::FencedLeaderEpoch.code(),
         PartitionError::UnknownLeaderEpoch { .. } => ResponseError::UnknownLeaderEpoch.code(),
         PartitionError::Offline(_) => ResponseError::KafkaStorageError.code(),
         PartitionError::Storage(s) => storage_code(s),
+    }
+}
+
+/// A coordinator's write to its internal partition that did not become
+/// committed, as Kafka's coordinators answer it: a moved leadership sends
+/// the client to find the new coordinator (NOT_COORDINATOR); too few
+/// replicas, a timeout or a storage failure leave it retrying this one
+/// (COORDINATOR_NOT_AVAILABLE).
+pub fn coordinator_write_code(e: &PartitionError) -> i16 {
+    match e {
+        PartitionError::NotLeader | PartitionError::Gone => ResponseError::NotCoordinator.code(),
+        _ => ResponseError::CoordinatorNotAvailable.code(),
     }
 }
 

@@ -221,18 +221,9 @@ async fn wait_replicated(
 ) -> ProduceResponse {
     let deadline = tokio::time::Instant::now() + timeout;
     for (t, at, partition, last, epoch) in waits {
-        let code = loop {
-            let mut changed = partition.subscribe();
-            changed.borrow_and_update();
-            match partition.replicated(last, epoch) {
-                Ok(true) => break 0,
-                Ok(false) => {}
-                Err(e) => break error::partition_code(&e),
-            }
-            tokio::select! {
-                r = changed.changed() => if r.is_err() { break ResponseError::NotLeaderOrFollower.code() },
-                _ = tokio::time::sleep_until(deadline) => break ResponseError::RequestTimedOut.code(),
-            }
+        let code = match partition.wait_replicated(last, epoch, deadline).await {
+            Ok(()) => 0,
+            Err(e) => error::partition_code(&e),
         };
         if code != 0 {
             let r = &mut response.responses[t].partition_responses[at];

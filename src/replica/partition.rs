@@ -39,6 +39,9 @@ pub enum PartitionError {
     /// The request names a leader epoch this broker has not seen yet.
     #[error("leader epoch {requested} is newer than the current {current}")]
     UnknownLeaderEpoch { requested: i32, current: i32 },
+    /// A write waited for its replicas longer than its timeout.
+    #[error("the write was not replicated to the in-sync replicas in time")]
+    TimedOut,
     /// Damage was found in its log (by a read or the scrubber): it serves
     /// nothing until an operator repairs it.
     #[error("partition is offline: {0}")]
@@ -230,6 +233,46 @@ impl Partition {
             });
         }
         Ok(false)
+    }
+
+    /// Waits until [`Self::replicated`] says the batch ending at
+    /// `last_offset`, appended at `leader_epoch`, is committed, or fails:
+    /// leadership moved ([`PartitionError::NotLeader`]), the ISR fell below
+    /// min ISR, or `deadline` passed ([`PartitionError::TimedOut`]). Woken by
+    /// high watermark moves and role changes, never by polling.
+    pub async fn wait_replicated(
+        &self,
+        last_offset: i64,
+        leader_epoch: i32,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), PartitionError> {
+        loop {
+            let mut changed = self.subscribe();
+            changed.borrow_and_update();
+            if self.replicated(last_offset, leader_epoch)? {
+                return Ok(());
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return Err(PartitionError::NotLeader) },
+                _ = tokio::time::sleep_until(deadline) => return Err(PartitionError::TimedOut),
+            }
+        }
+    }
+
+    /// Waits until everything in the log when called is committed (the
+    /// high watermark reaches today's log end) while this broker leads at
+    /// `leader_epoch`: what a coordinator waits for before it answers, so
+    /// that no answer rests on a record a new leader may not have.
+    pub async fn wait_log_end_replicated(
+        &self,
+        leader_epoch: i32,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), PartitionError> {
+        let log_end = *self.log_end.borrow();
+        if log_end <= 0 {
+            return Ok(());
+        }
+        self.wait_replicated(log_end - 1, leader_epoch, deadline).await
     }
 
     /// `(ISR size, required)` when the ISR is smaller than
@@ -521,6 +564,14 @@ impl Partition {
                 if read_committed && info.bytes > 0 { log.aborted_transactions(offset, bound) } else { Vec::new() };
             Ok((info, offsets, aborted))
         })
+    }
+
+    /// Reads whole batches from `offset` up to the log end, committed or
+    /// not: a coordinator loading the partition it now leads replays all of
+    /// its log, as a new leader's log is what every follower will hold (its
+    /// answers still wait for the high watermark).
+    pub fn read_to_log_end(&self, offset: i64, max_bytes: usize) -> Result<ReadInfo, PartitionError> {
+        self.with_log(|log| Ok(log.read(offset, max_bytes, log.log_end_offset(), true)?))
     }
 
     /// Producers with state on this partition (DescribeProducers).
