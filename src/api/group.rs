@@ -92,18 +92,9 @@ async fn locate(ctx: &RequestContext, key_type: i8, key: &str) -> Located {
         let advertised = ctx.state.config().advertised_for(&ctx.listener);
         return Ok((ctx.state.config().node_id, advertised.host.clone(), advertised.port as i32));
     };
-    let (topic, partitions, segment_bytes) = if key_type == KEY_TYPE_TRANSACTION {
-        let s = &ctx.state.config().txn;
-        (crate::txn::TXN_TOPIC, s.num_partitions, s.segment_bytes)
-    } else {
-        let s = &ctx.state.config().group;
-        (group::OFFSETS_TOPIC, s.offsets_topic_num_partitions, s.offsets_topic_segment_bytes)
-    };
-    let mut configs = std::collections::BTreeMap::new();
-    configs.insert("cleanup.policy".to_string(), "compact".to_string());
-    configs.insert("segment.bytes".to_string(), segment_bytes.to_string());
+    let topic = if key_type == KEY_TYPE_TRANSACTION { crate::txn::TXN_TOPIC } else { group::OFFSETS_TOPIC };
     let count = cluster
-        .ensure_topic(topic, partitions, configs)
+        .ensure_internal_topic(ctx.state.config(), topic)
         .await
         .map_err(|e| (ResponseError::CoordinatorNotAvailable.code(), Some(e)))?;
     let partition = group::records::partition_for(key, count);

@@ -92,12 +92,8 @@ pub async fn add_partitions(ctx: &RequestContext, req: AddPartitionsToTxnRequest
 /// first use); on a single node from the local coordinator.
 async fn offsets_partition(ctx: &RequestContext, group_id: &str) -> Result<i32, i16> {
     let Some(cluster) = ctx.state.cluster() else { return Ok(ctx.state.groups().partition_for(group_id)) };
-    let s = &ctx.state.config().group;
-    let mut configs = std::collections::BTreeMap::new();
-    configs.insert("cleanup.policy".to_string(), "compact".to_string());
-    configs.insert("segment.bytes".to_string(), s.offsets_topic_segment_bytes.to_string());
     let count = cluster
-        .ensure_topic(OFFSETS_TOPIC, s.offsets_topic_num_partitions, configs)
+        .ensure_internal_topic(ctx.state.config(), OFFSETS_TOPIC)
         .await
         .map_err(|_| ResponseError::CoordinatorNotAvailable.code())?;
     Ok(crate::group::records::partition_for(group_id, count))

@@ -30,6 +30,14 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
             tracing::error!(node = me, error = %e, "cannot record the cluster id in meta.properties");
         }
         if current.brokers.get(&me).is_some_and(|b| b.incarnation_id == incarnation) {
+            // Coordinators learn what they are about to lead before the
+            // (slow) log opening, so they answer LOAD_IN_PROGRESS meanwhile.
+            if let Some(t) = current.topic(OFFSETS_TOPIC) {
+                state.groups().expect_leading(t.partitions.len() as i32, led_in_image(t, me));
+            }
+            if let Some(t) = current.topic(TXN_TOPIC) {
+                state.txns().expect_leading(t.partitions.len() as i32, led_in_image(t, me));
+            }
             let r = replicas.clone();
             let image = current.clone();
             let result = tokio::task::spawn_blocking(move || apply(&r, &image, me)).await;
@@ -59,6 +67,11 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
             changed = images.changed() => if changed.is_err() { return },
         }
     }
+}
+
+/// The partitions of `topic` the image has this broker leading.
+fn led_in_image(topic: &crate::metadata::image::TopicImage, me: i32) -> std::collections::HashSet<i32> {
+    topic.partitions.iter().filter(|(_, p)| p.leader == me).map(|(i, _)| *i).collect()
 }
 
 /// The partitions of `topic` this broker leads: coordinators run there only.

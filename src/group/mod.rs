@@ -200,6 +200,8 @@ pub struct GroupCoordinator {
     /// broker coordinates that partition's groups. Empty until the topic
     /// exists (in a cluster, until it is created on first use).
     shards: RwLock<Vec<Option<ShardHandle<Command>>>>,
+    /// Partitions the image says this broker now leads, shards not yet started.
+    incoming: RwLock<crate::shard::Incoming>,
     replicas: Arc<ReplicaManager>,
     settings: GroupSettings,
     shutdown: watch::Receiver<bool>,
@@ -238,12 +240,19 @@ impl GroupCoordinator {
         settings: GroupSettings,
         shutdown: watch::Receiver<bool>,
     ) -> GroupCoordinator {
-        GroupCoordinator { shards: RwLock::new(Vec::new()), replicas, settings, shutdown }
+        GroupCoordinator {
+            shards: RwLock::new(Vec::new()),
+            incoming: RwLock::new(Default::default()),
+            replicas,
+            settings,
+            shutdown,
+        }
     }
 
     /// Runs the shards of `hosted` (partitions of a `partition_count`-partition
     /// `__consumer_offsets`) and stops those of partitions no longer hosted.
-    /// A shard already running for a partition keeps running.
+    /// A shard already running for a partition keeps running while its
+    /// leadership lasts; a new leader epoch reloads the partition.
     pub fn host(&self, hosted: &[Arc<crate::replica::Partition>], partition_count: i32) {
         let mut shards = self.shards.write().unwrap_or_else(|e| e.into_inner());
         shards.resize_with(partition_count.max(0) as usize, || None);
@@ -257,7 +266,7 @@ impl GroupCoordinator {
         }
         for partition in hosted {
             let Some(slot) = shards.get_mut(partition.index as usize) else { continue };
-            if slot.is_some() {
+            if slot.as_ref().is_some_and(|s| s.serves(partition)) {
                 continue;
             }
             let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
@@ -265,29 +274,22 @@ impl GroupCoordinator {
             let shard =
                 shard::Shard::new(partition.clone(), self.replicas.clone(), self.settings.clone(), loaded.clone());
             tokio::spawn(shard.run(rx, self.shutdown.clone()));
-            *slot = Some(ShardHandle { tx, loaded });
+            *slot = Some(ShardHandle::new(tx, loaded, partition.clone()));
         }
     }
 
-    /// The shard for `group_id`: `Err` with NOT_COORDINATOR when another
-    /// broker coordinates it, COORDINATOR_NOT_AVAILABLE before the topic exists.
+    /// The shard for `group_id`, or the error [`crate::shard::pick`] gives.
     fn shard(&self, group_id: &str) -> Result<ShardHandle<Command>, i16> {
         let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
-        if shards.is_empty() {
-            return Err(not_available());
-        }
-        let p = records::partition_for(group_id, shards.len() as i32);
-        shards.get(p as usize).cloned().flatten().ok_or(ResponseError::NotCoordinator.code())
+        let incoming = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        crate::shard::pick(&shards, &incoming, group_id)
     }
 
-    /// COORDINATOR_LOAD_IN_PROGRESS while the group's shard is still loading.
-    pub fn check_loaded(&self, group_id: &str) -> Result<(), i16> {
-        let shard = self.shard(group_id)?;
-        if shard.is_loaded() {
-            Ok(())
-        } else {
-            Err(ResponseError::CoordinatorLoadInProgress.code())
-        }
+    /// Notes the partitions (of a `partition_count`-partition topic) the
+    /// newest image says this broker leads, before [`Self::host`] runs them.
+    pub fn expect_leading(&self, partition_count: i32, partitions: std::collections::HashSet<i32>) {
+        *self.incoming.write().unwrap_or_else(|e| e.into_inner()) =
+            crate::shard::Incoming { partition_count, partitions };
     }
 
     /// Whether `__consumer_offsets` exists here (its partition count is known).
@@ -303,57 +305,40 @@ impl GroupCoordinator {
         self.hosted().iter().all(|s| s.is_loaded())
     }
 
-    async fn ask<T>(&self, group_id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Option<T> {
-        let (tx, rx) = oneshot::channel();
-        self.shard(group_id).ok()?.tx.send(make(tx)).await.ok()?;
-        rx.await.ok()
+    /// The group's shard's answer once its records are committed
+    /// ([`ShardHandle::ask`]), or the error code to answer instead.
+    async fn ask<T>(&self, group_id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, i16> {
+        crate::shard::loaded(|| self.shard(group_id)).await?.ask(make).await
     }
 
     pub async fn join(&self, req: JoinRequest) -> JoinResponse {
         let member = req.member_id.clone();
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return JoinResponse::error(code, &member);
-        }
         let group = req.group_id.clone();
-        self.ask(&group, |tx| Command::Join(req, tx))
-            .await
-            .unwrap_or_else(|| JoinResponse::error(not_available(), &member))
+        self.ask(&group, |tx| Command::Join(req, tx)).await.unwrap_or_else(|code| JoinResponse::error(code, &member))
     }
 
     pub async fn sync(&self, req: SyncRequest) -> SyncResponse {
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return SyncResponse::error(code);
-        }
         let group = req.group_id.clone();
-        self.ask(&group, |tx| Command::Sync(req, tx)).await.unwrap_or_else(|| SyncResponse::error(not_available()))
+        self.ask(&group, |tx| Command::Sync(req, tx)).await.unwrap_or_else(SyncResponse::error)
     }
 
     pub async fn heartbeat(&self, req: HeartbeatRequest) -> i16 {
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return code;
-        }
         let group = req.group_id.clone();
-        self.ask(&group, |tx| Command::Heartbeat(req, tx)).await.unwrap_or_else(not_available)
+        self.ask(&group, |tx| Command::Heartbeat(req, tx)).await.unwrap_or_else(|code| code)
     }
 
     pub async fn leave(&self, req: LeaveRequest) -> LeaveResponse {
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return LeaveResponse { error: code, members: Vec::new() };
-        }
         let group = req.group_id.clone();
         self.ask(&group, |tx| Command::Leave(req, tx))
             .await
-            .unwrap_or_else(|| LeaveResponse { error: not_available(), members: Vec::new() })
+            .unwrap_or_else(|code| LeaveResponse { error: code, members: Vec::new() })
     }
 
     /// Returns one error code per offset, in request order.
     pub async fn commit(&self, req: CommitRequest) -> Vec<i16> {
         let n = req.offsets.len();
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return vec![code; n];
-        }
         let group = req.group_id.clone();
-        self.ask(&group, |tx| Command::Commit(req, tx)).await.unwrap_or_else(|| vec![not_available(); n])
+        self.ask(&group, |tx| Command::Commit(req, tx)).await.unwrap_or_else(|code| vec![code; n])
     }
 
     /// Committed offsets of `group_id` for `partitions` (all when `None`). With
@@ -365,10 +350,7 @@ impl GroupCoordinator {
         partitions: Option<Vec<(String, Vec<i32>)>>,
         require_stable: bool,
     ) -> Result<Vec<CommittedOffset>, i16> {
-        self.check_loaded(group_id)?;
-        self.ask(group_id, |tx| Command::FetchOffsets(group_id.to_string(), partitions, require_stable, tx))
-            .await
-            .unwrap_or_else(|| Err(not_available()))
+        self.ask(group_id, |tx| Command::FetchOffsets(group_id.to_string(), partitions, require_stable, tx)).await?
     }
 
     /// The `__consumer_offsets` partition a group's offsets live in.
@@ -380,11 +362,8 @@ impl GroupCoordinator {
     /// Writes offsets as part of producer `producer_id`'s transaction; one error per offset.
     pub async fn txn_commit(&self, req: TxnCommitRequest) -> Vec<i16> {
         let n = req.offsets.len();
-        if let Err(code) = self.check_loaded(&req.group_id) {
-            return vec![code; n];
-        }
         let group = req.group_id.clone();
-        self.ask(&group, |tx| Command::TxnCommit(req, tx)).await.unwrap_or_else(|| vec![not_available(); n])
+        self.ask(&group, |tx| Command::TxnCommit(req, tx)).await.unwrap_or_else(|code| vec![code; n])
     }
 
     /// Writes the transaction marker to `__consumer_offsets` partition `partition`
@@ -394,24 +373,13 @@ impl GroupCoordinator {
             .ok()
             .and_then(|i| self.shards.read().unwrap_or_else(|e| e.into_inner()).get(i).cloned().flatten())
             .ok_or(not_available())?;
-        let (tx, rx) = oneshot::channel();
-        shard
-            .tx
-            .send(Command::CompleteTxn { producer_id, epoch, commit, reply: tx })
-            .await
-            .map_err(|_| not_available())?;
-        rx.await.map_err(|_| not_available())?
+        shard.ask(|reply| Command::CompleteTxn { producer_id, epoch, commit, reply }).await?
     }
 
     pub async fn describe(&self, group_id: &str) -> DescribedGroup {
-        if let Err(code) = self.check_loaded(group_id) {
-            return DescribedGroup { error: code, group_id: group_id.to_string(), ..Default::default() };
-        }
-        self.ask(group_id, |tx| Command::Describe(group_id.to_string(), tx)).await.unwrap_or_else(|| DescribedGroup {
-            error: not_available(),
-            group_id: group_id.to_string(),
-            ..Default::default()
-        })
+        self.ask(group_id, |tx| Command::Describe(group_id.to_string(), tx))
+            .await
+            .unwrap_or_else(|code| DescribedGroup { error: code, group_id: group_id.to_string(), ..Default::default() })
     }
 
     /// Every group of every loaded shard; the error is COORDINATOR_LOAD_IN_PROGRESS if any shard is loading.
@@ -420,10 +388,7 @@ impl GroupCoordinator {
     }
 
     pub async fn delete_group(&self, group_id: &str) -> i16 {
-        if let Err(code) = self.check_loaded(group_id) {
-            return code;
-        }
-        self.ask(group_id, |tx| Command::DeleteGroup(group_id.to_string(), tx)).await.unwrap_or_else(not_available)
+        self.ask(group_id, |tx| Command::DeleteGroup(group_id.to_string(), tx)).await.unwrap_or_else(|code| code)
     }
 
     /// Deletes committed offsets; per-partition errors, or a group-level error.
@@ -432,9 +397,6 @@ impl GroupCoordinator {
         group_id: &str,
         partitions: Vec<(String, Vec<i32>)>,
     ) -> Result<Vec<(String, i32, i16)>, i16> {
-        self.check_loaded(group_id)?;
-        self.ask(group_id, |tx| Command::DeleteOffsets(group_id.to_string(), partitions, tx))
-            .await
-            .unwrap_or_else(|| Err(not_available()))
+        self.ask(group_id, |tx| Command::DeleteOffsets(group_id.to_string(), partitions, tx)).await?
     }
 }

@@ -1286,8 +1286,8 @@ fn load(partition: &Partition) -> Result<(HashMap<String, Group>, PendingTxnOffs
     let mut position = offsets.log_start_offset;
     let mut records_read = 0u64;
     let mut buf = Vec::new();
-    while position < offsets.high_watermark {
-        let (info, _, _) = partition.read(position, 4 << 20, false, true).map_err(|e| e.to_string())?;
+    while position < offsets.log_end_offset {
+        let info = partition.read_to_log_end(position, 4 << 20).map_err(|e| e.to_string())?;
         if info.slices.is_empty() {
             break;
         }

@@ -45,6 +45,11 @@ pub struct TxnSettings {
     pub num_partitions: i32,
     /// `transaction.state.log.segment.bytes`.
     pub segment_bytes: u64,
+    /// `transaction.state.log.replication.factor` in a cluster, at most the
+    /// brokers registered when the topic is created.
+    pub replication_factor: i16,
+    /// `transaction.state.log.min.isr`: the topic's `min.insync.replicas`.
+    pub min_isr: i32,
     /// `transaction.max.timeout.ms`: larger client timeouts are refused.
     pub max_timeout_ms: i32,
     /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
@@ -58,6 +63,8 @@ impl Default for TxnSettings {
         TxnSettings {
             num_partitions: 50,
             segment_bytes: 104_857_600,
+            replication_factor: 3,
+            min_isr: 2,
             max_timeout_ms: 900_000,
             abort_check_interval_ms: 10_000,
             id_expiration_ms: 7 * 24 * 3600 * 1000,
@@ -146,8 +153,18 @@ pub async fn write_local_marker(
     };
     let now = crate::util::now_ms();
     let batch = strand_storage::batch::build_control_batch(producer_id, epoch, commit, coordinator_epoch, now);
-    match target.append(&batch, AppendOrigin::Coordinator, now) {
-        Ok(_) | Err(crate::replica::PartitionError::Gone) => Ok(()),
+    // Kafka writes markers with acks=all: the transaction completes only
+    // once every partition's in-sync replicas hold its marker, so a new
+    // leader never lacks one and no partition's LSO stays behind it.
+    let written = match target.append_at_epoch(&batch, AppendOrigin::Coordinator, now) {
+        Ok((info, leader_epoch)) => {
+            let deadline = tokio::time::Instant::now() + crate::shard::REPLICATION_TIMEOUT;
+            target.wait_replicated(info.last_offset, leader_epoch, deadline).await
+        }
+        Err(e) => Err(e),
+    };
+    match written {
+        Ok(()) | Err(crate::replica::PartitionError::Gone) => Ok(()),
         Err(e) => {
             tracing::error!(topic, partition, error = %e, "transaction marker failed");
             Err(crate::api::error::partition_code(&e))
@@ -225,11 +242,11 @@ impl MarkerWriter {
             let mut retry = Vec::new();
             for tp in pending.drain(..) {
                 match cluster.leadership(&tp.0, tp.1) {
-                    crate::cluster::Leadership::Here { .. } => {
-                        if let (tp, Err(code)) = local(&tp).await {
-                            failed.push((tp, code));
-                        }
-                    }
+                    crate::cluster::Leadership::Here { .. } => match local(&tp).await {
+                        (tp, Err(code)) if marker_retriable(code) => retry.push(tp),
+                        (tp, Err(code)) => failed.push((tp, code)),
+                        (_, Ok(())) => {}
+                    },
                     // Deleted: nothing to mark, as on a single node.
                     crate::cluster::Leadership::Unknown => {}
                     crate::cluster::Leadership::Elsewhere { leader, .. } if leader >= 0 => {
@@ -248,12 +265,7 @@ impl MarkerWriter {
                         for (tp, code) in tps.into_iter().zip(codes) {
                             match code {
                                 0 => {}
-                                // Moved, or the leader has not applied the partition yet.
-                                c if c == ResponseError::NotLeaderOrFollower.code()
-                                    || c == ResponseError::UnknownTopicOrPartition.code() =>
-                                {
-                                    retry.push(tp)
-                                }
+                                c if marker_retriable(c) => retry.push(tp),
                                 c => failed.push((tp, c)),
                             }
                         }
@@ -282,6 +294,26 @@ impl MarkerWriter {
             Err(failed)
         }
     }
+}
+
+/// Marker failures worth another try before [`MARKER_DEADLINE`]: the
+/// partition moved, its leader (or group coordinator) has not loaded it yet, or its in-sync
+/// replicas did not take the marker in time (it may be written twice then,
+/// which is harmless: a marker with no open transaction closes nothing).
+fn marker_retriable(code: i16) -> bool {
+    [
+        ResponseError::NotLeaderOrFollower,
+        ResponseError::UnknownTopicOrPartition,
+        ResponseError::NotEnoughReplicas,
+        ResponseError::NotEnoughReplicasAfterAppend,
+        ResponseError::RequestTimedOut,
+        // `__consumer_offsets` partitions, marked through their coordinator.
+        ResponseError::NotCoordinator,
+        ResponseError::CoordinatorNotAvailable,
+        ResponseError::CoordinatorLoadInProgress,
+    ]
+    .iter()
+    .any(|e| e.code() == code)
 }
 
 /// One transaction's markers for the partitions `leader` leads, as one
@@ -334,14 +366,12 @@ pub struct TxnCoordinator {
     /// One slot per `__transaction_state` partition: the shard where this
     /// broker coordinates it. Empty until the topic exists.
     shards: RwLock<Vec<Option<ShardHandle<Command>>>>,
+    /// Partitions the image says this broker now leads, shards not yet started.
+    incoming: RwLock<crate::shard::Incoming>,
     pub open: Arc<OpenTransactions>,
     pub settings: TxnSettings,
     markers: MarkerWriter,
     shutdown: watch::Receiver<bool>,
-}
-
-fn not_available() -> i16 {
-    ResponseError::CoordinatorNotAvailable.code()
 }
 
 impl TxnCoordinator {
@@ -375,6 +405,7 @@ impl TxnCoordinator {
     pub fn empty(markers: MarkerWriter, settings: TxnSettings, shutdown: watch::Receiver<bool>) -> TxnCoordinator {
         TxnCoordinator {
             shards: RwLock::new(Vec::new()),
+            incoming: RwLock::new(Default::default()),
             open: Arc::new(OpenTransactions::default()),
             settings,
             markers,
@@ -396,7 +427,7 @@ impl TxnCoordinator {
         }
         for partition in hosted {
             let Some(slot) = shards.get_mut(partition.index as usize) else { continue };
-            if slot.is_some() {
+            if slot.as_ref().is_some_and(|s| s.serves(partition)) {
                 continue;
             }
             let (tx, rx) = mpsc::channel(SHARD_QUEUE_MAX);
@@ -409,7 +440,7 @@ impl TxnCoordinator {
                 loaded.clone(),
             );
             tokio::spawn(shard.run(rx, self.shutdown.clone()));
-            *slot = Some(ShardHandle { tx, loaded });
+            *slot = Some(ShardHandle::new(tx, loaded, partition.clone()));
         }
     }
 
@@ -418,15 +449,18 @@ impl TxnCoordinator {
         !self.shards.read().unwrap_or_else(|e| e.into_inner()).is_empty()
     }
 
-    /// The shard for `transactional_id`: NOT_COORDINATOR when another broker
-    /// coordinates it, COORDINATOR_NOT_AVAILABLE before the topic exists.
+    /// The shard for `transactional_id`, or the error [`crate::shard::pick`] gives.
     fn shard(&self, transactional_id: &str) -> Result<ShardHandle<Command>, i16> {
         let shards = self.shards.read().unwrap_or_else(|e| e.into_inner());
-        if shards.is_empty() {
-            return Err(not_available());
-        }
-        let p = crate::group::records::partition_for(transactional_id, shards.len() as i32);
-        shards.get(p as usize).cloned().flatten().ok_or(ResponseError::NotCoordinator.code())
+        let incoming = self.incoming.read().unwrap_or_else(|e| e.into_inner());
+        crate::shard::pick(&shards, &incoming, transactional_id)
+    }
+
+    /// Notes the partitions (of a `partition_count`-partition topic) the
+    /// newest image says this broker leads, before [`Self::host`] runs them.
+    pub fn expect_leading(&self, partition_count: i32, partitions: std::collections::HashSet<i32>) {
+        *self.incoming.write().unwrap_or_else(|e| e.into_inner()) =
+            crate::shard::Incoming { partition_count, partitions };
     }
 
     /// Whether this broker coordinates `transactional_id`.
@@ -447,13 +481,7 @@ impl TxnCoordinator {
     }
 
     async fn ask<T>(&self, id: &str, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, i16> {
-        let shard = self.shard(id)?;
-        if !shard.is_loaded() {
-            return Err(ResponseError::CoordinatorLoadInProgress.code());
-        }
-        let (tx, rx) = oneshot::channel();
-        shard.tx.send(make(tx)).await.map_err(|_| not_available())?;
-        rx.await.map_err(|_| not_available())
+        crate::shard::loaded(|| self.shard(id)).await?.ask(make).await
     }
 
     /// InitProducerId with a transactional id: (error, producer id, epoch).

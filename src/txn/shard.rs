@@ -98,6 +98,22 @@ pub struct Shard {
     settings: TxnSettings,
     loaded: Arc<AtomicBool>,
     txns: HashMap<String, TxnMeta>,
+    /// Transactions whose markers are being written by a background task,
+    /// with the EndTxn replies waiting for the outcome. The shard keeps
+    /// answering other requests meanwhile (a partition without a leader can
+    /// hold markers for seconds).
+    completing: HashMap<String, Vec<oneshot::Sender<i16>>>,
+    marked_tx: mpsc::UnboundedSender<Marked>,
+    marked_rx: Option<mpsc::UnboundedReceiver<Marked>>,
+}
+
+/// The outcome of one transaction's markers, reported to its shard.
+struct Marked {
+    id: String,
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    written: bool,
 }
 
 impl Shard {
@@ -108,7 +124,19 @@ impl Shard {
         settings: TxnSettings,
         loaded: Arc<AtomicBool>,
     ) -> Self {
-        Shard { partition, replicas: markers.replicas.clone(), markers, open, settings, loaded, txns: HashMap::new() }
+        let (marked_tx, marked_rx) = mpsc::unbounded_channel();
+        Shard {
+            partition,
+            replicas: markers.replicas.clone(),
+            markers,
+            open,
+            settings,
+            loaded,
+            txns: HashMap::new(),
+            completing: HashMap::new(),
+            marked_tx,
+            marked_rx: Some(marked_rx),
+        }
     }
 
     /// The epoch markers are written at: this shard's partition's leader
@@ -139,8 +167,8 @@ impl Shard {
         for id in ids {
             let meta = self.txns[&id].clone();
             match meta.state {
-                TxnState::PrepareCommit => self.complete(&id, true).await,
-                TxnState::PrepareAbort | TxnState::PrepareEpochFence => self.complete(&id, false).await,
+                TxnState::PrepareCommit => self.start_completion(&id, true, None),
+                TxnState::PrepareAbort | TxnState::PrepareEpochFence => self.start_completion(&id, false, None),
                 TxnState::Ongoing => {
                     self.open.set(meta.producer_id, meta.epoch, meta.partitions.iter().cloned().collect())
                 }
@@ -148,6 +176,7 @@ impl Shard {
             }
         }
         self.loaded.store(true, Ordering::Release);
+        let mut marked_rx = self.marked_rx.take().expect("run once");
         let mut tick = tokio::time::interval(Duration::from_millis(self.settings.abort_check_interval_ms.max(1)));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -156,6 +185,7 @@ impl Shard {
                     Some(cmd) => self.handle(cmd).await,
                     None => break,
                 },
+                Some(marked) = marked_rx.recv() => self.finish_completion(marked).await,
                 _ = tick.tick() => {
                     self.abort_timed_out().await;
                     self.finish_prepared().await;
@@ -172,12 +202,11 @@ impl Shard {
                 let _ = reply.send(r);
             }
             Command::AddPartitions { id, producer_id, epoch, partitions, verify_only, reply } => {
-                let r = self.add_partitions(&id, producer_id, epoch, partitions, verify_only);
+                let r = self.add_partitions(&id, producer_id, epoch, partitions, verify_only).await;
                 let _ = reply.send(r);
             }
             Command::EndTxn { id, producer_id, epoch, commit, reply } => {
-                let r = self.end_txn(&id, producer_id, epoch, commit).await;
-                let _ = reply.send(r);
+                self.end_txn(&id, producer_id, epoch, commit, reply).await;
             }
             Command::Describe(id, reply) => {
                 let _ = reply.send(match self.txns.get(&id) {
@@ -221,7 +250,19 @@ impl Shard {
     }
 
     /// Persists `meta` for `id` to `__transaction_state`.
-    fn persist(&self, id: &str, meta: &TxnMeta) -> Result<(), i16> {
+    async fn persist(&self, id: &str, meta: &TxnMeta) -> Result<(), i16> {
+        self.write(id, Some(records::encode_value(&meta.value()))).await
+    }
+
+    /// Appends one record for `id` (`None`: a tombstone) and waits until
+    /// the in-sync replicas have it, so nothing is acted on (markers
+    /// written, a client answered) that a new leader could lack. Refused
+    /// before appending when the ISR is below min ISR.
+    async fn write(&self, id: &str, value: Option<Bytes>) -> Result<(), i16> {
+        if let Some((isr, required)) = self.partition.under_min_isr() {
+            tracing::warn!(partition = self.partition.index, isr, required, "__transaction_state below min ISR");
+            return Err(code(ResponseError::CoordinatorNotAvailable));
+        }
         let record = Record {
             transactional: false,
             control: false,
@@ -234,22 +275,29 @@ impl Shard {
             sequence: -1,
             timestamp: now_ms(),
             key: Some(records::encode_key(id)),
-            value: Some(records::encode_value(&meta.value())),
+            value,
             headers: Default::default(),
         };
         let mut buf = BytesMut::new();
         let options = RecordEncodeOptions { version: 2, compression: Compression::None };
         RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
             .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition.append(&buf, AppendOrigin::Coordinator, now_ms()).map(|_| ()).map_err(|e| {
-            tracing::error!(partition = self.partition.index, error = %e, "cannot append to __transaction_state");
-            code(ResponseError::CoordinatorNotAvailable)
+        let result = match self.partition.append_at_epoch(&buf, AppendOrigin::Coordinator, now_ms()) {
+            Ok((info, epoch)) => {
+                let deadline = tokio::time::Instant::now() + crate::shard::REPLICATION_TIMEOUT;
+                self.partition.wait_replicated(info.last_offset, epoch, deadline).await
+            }
+            Err(e) => Err(e),
+        };
+        result.map_err(|e| {
+            tracing::error!(partition = self.partition.index, error = %e, "cannot write to __transaction_state");
+            crate::api::error::coordinator_write_code(&e)
         })
     }
 
     /// Moves `id` to `meta` durably, then in memory.
-    fn transition(&mut self, id: &str, meta: TxnMeta) -> Result<(), i16> {
-        self.persist(id, &meta)?;
+    async fn transition(&mut self, id: &str, meta: TxnMeta) -> Result<(), i16> {
+        self.persist(id, &meta).await?;
         self.txns.insert(id.to_string(), meta);
         Ok(())
     }
@@ -276,7 +324,7 @@ impl Shard {
                 start_ms: -1,
                 last_update_ms: now,
             };
-            return match self.transition(id, meta) {
+            return match self.transition(id, meta).await {
                 Ok(()) => (0, pid, 0),
                 Err(e) => (e, -1, -1),
             };
@@ -294,7 +342,7 @@ impl Shard {
             meta.epoch = meta.epoch.saturating_add(1);
             meta.state = TxnState::PrepareEpochFence;
             meta.last_update_ms = now;
-            if let Err(e) = self.transition(id, meta.clone()) {
+            if let Err(e) = self.transition(id, meta.clone()).await {
                 return (e, -1, -1);
             }
             self.complete(id, false).await;
@@ -318,7 +366,7 @@ impl Shard {
         meta.start_ms = -1;
         meta.last_update_ms = now;
         let (pid, ep) = (meta.producer_id, meta.epoch);
-        match self.transition(id, meta) {
+        match self.transition(id, meta).await {
             Ok(()) => {
                 self.open.close(pid, ep);
                 (0, pid, ep)
@@ -339,7 +387,7 @@ impl Shard {
         Ok(meta.clone())
     }
 
-    fn add_partitions(
+    async fn add_partitions(
         &mut self,
         id: &str,
         producer_id: i64,
@@ -389,7 +437,7 @@ impl Shard {
         meta.partitions.extend(partitions.iter().cloned());
         meta.last_update_ms = now;
         let registered: HashSet<(String, i32)> = meta.partitions.iter().cloned().collect();
-        match self.transition(id, meta) {
+        match self.transition(id, meta).await {
             Ok(()) => {
                 self.open.set(producer_id, epoch, registered);
                 all(0)
@@ -398,56 +446,119 @@ impl Shard {
         }
     }
 
-    async fn end_txn(&mut self, id: &str, producer_id: i64, epoch: i16, commit: bool) -> i16 {
-        let mut meta = match self.check_producer(id, producer_id, epoch) {
-            Ok(m) => m,
-            Err(e) => return e,
-        };
-        match (meta.state, commit) {
-            (TxnState::Ongoing, _) => {}
-            // A retried EndTxn whose first attempt completed.
-            (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => return 0,
-            (TxnState::PrepareCommit, true) | (TxnState::PrepareAbort, false) => {
-                return code(ResponseError::ConcurrentTransactions)
+    /// Answers `reply` once the transaction is complete (its markers
+    /// written), or with the error that stopped it.
+    async fn end_txn(&mut self, id: &str, producer_id: i64, epoch: i16, commit: bool, reply: oneshot::Sender<i16>) {
+        match self.prepare_end(id, producer_id, epoch, commit).await {
+            Ok(true) => self.start_completion(id, commit, Some(reply)),
+            Ok(false) => {
+                let _ = reply.send(0);
             }
-            // Aborting with nothing open is harmless (clients abort after errors).
-            (TxnState::Empty, false) => return 0,
-            _ => return code(ResponseError::InvalidTxnState),
-        }
-        meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
-        meta.last_update_ms = now_ms();
-        if let Err(e) = self.transition(id, meta) {
-            return e;
-        }
-        self.complete(id, commit).await;
-        match self.txns.get(id).map(|m| m.state) {
-            Some(TxnState::CompleteCommit) | Some(TxnState::CompleteAbort) => 0,
-            _ => code(ResponseError::CoordinatorNotAvailable),
+            Err(e) => {
+                let _ = reply.send(e);
+            }
         }
     }
 
-    /// Second phase: markers to every partition, then the Complete state.
-    async fn complete(&mut self, id: &str, commit: bool) {
-        let Some(meta) = self.txns.get(id).cloned() else { return };
-        let partitions: Vec<(String, i32)> = meta.partitions.iter().cloned().collect();
-        let coordinator_epoch = self.coordinator_epoch();
-        let marked = self.markers.write_all(&partitions, meta.producer_id, meta.epoch, commit, coordinator_epoch).await;
-        if let Err(failed) = marked {
-            for ((topic, partition), e) in failed {
-                tracing::error!(transactional_id = id, topic, partition, error = e, "transaction marker failed");
+    /// The first phase of EndTxn: Ok(true) once Prepare* is written,
+    /// Ok(false) when there is nothing left to do.
+    async fn prepare_end(&mut self, id: &str, producer_id: i64, epoch: i16, commit: bool) -> Result<bool, i16> {
+        let mut meta = self.check_producer(id, producer_id, epoch)?;
+        match (meta.state, commit) {
+            (TxnState::Ongoing, _) => {}
+            // A retried EndTxn whose first attempt completed.
+            (TxnState::CompleteCommit, true) | (TxnState::CompleteAbort, false) => return Ok(false),
+            (TxnState::PrepareCommit, true) | (TxnState::PrepareAbort, false) => {
+                return Err(code(ResponseError::ConcurrentTransactions))
             }
-            // Stays in Prepare*: the shard's periodic check (or the next
-            // load) completes it.
+            // Aborting with nothing open is harmless (clients abort after errors).
+            (TxnState::Empty, false) => return Ok(false),
+            _ => return Err(code(ResponseError::InvalidTxnState)),
+        }
+        meta.state = if commit { TxnState::PrepareCommit } else { TxnState::PrepareAbort };
+        meta.last_update_ms = now_ms();
+        self.transition(id, meta).await?;
+        Ok(true)
+    }
+
+    /// Second phase, in the background: a task writes the markers and
+    /// reports to [`Self::finish_completion`]; `reply` (an EndTxn) waits
+    /// for it. At most one task per transaction.
+    fn start_completion(&mut self, id: &str, commit: bool, reply: Option<oneshot::Sender<i16>>) {
+        let Some(meta) = self.txns.get(id) else {
+            if let Some(reply) = reply {
+                let _ = reply.send(code(ResponseError::InvalidTxnState));
+            }
+            return;
+        };
+        if let Some(waiting) = self.completing.get_mut(id) {
+            waiting.extend(reply);
             return;
         }
-        let mut done = meta;
-        done.state = if commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
+        self.completing.insert(id.to_string(), reply.into_iter().collect());
+        let partitions: Vec<(String, i32)> = meta.partitions.iter().cloned().collect();
+        let (producer_id, epoch) = (meta.producer_id, meta.epoch);
+        let coordinator_epoch = self.coordinator_epoch();
+        let markers = self.markers.clone();
+        let report = self.marked_tx.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let marked = markers.write_all(&partitions, producer_id, epoch, commit, coordinator_epoch).await;
+            log_unmarked(&id, &marked);
+            let _ = report.send(Marked { id, producer_id, epoch, commit, written: marked.is_ok() });
+        });
+    }
+
+    /// Moves a marked transaction to Complete and answers its waiters. A
+    /// transaction whose markers were not all written stays in Prepare*:
+    /// the shard's periodic check (or the next load) completes it, and its
+    /// client's retried EndTxn meets CONCURRENT_TRANSACTIONS until then.
+    async fn finish_completion(&mut self, marked: Marked) {
+        let waiting = self.completing.remove(&marked.id).unwrap_or_default();
+        let result = if marked.written { self.mark_complete(&marked).await } else { Err(()) };
+        let answer = match result {
+            Ok(()) => 0,
+            Err(()) => code(ResponseError::CoordinatorNotAvailable),
+        };
+        for reply in waiting {
+            let _ = reply.send(answer);
+        }
+    }
+
+    async fn mark_complete(&mut self, marked: &Marked) -> Result<(), ()> {
+        let Some(meta) = self.txns.get(&marked.id) else { return Err(()) };
+        let prepared = if marked.commit {
+            meta.state == TxnState::PrepareCommit
+        } else {
+            matches!(meta.state, TxnState::PrepareAbort | TxnState::PrepareEpochFence)
+        };
+        if !prepared || meta.producer_id != marked.producer_id || meta.epoch != marked.epoch {
+            return Err(());
+        }
+        let mut done = meta.clone();
+        done.state = if marked.commit { TxnState::CompleteCommit } else { TxnState::CompleteAbort };
         done.last_update_ms = now_ms();
         // As in Kafka, a completed transaction holds no partitions.
         done.partitions.clear();
         let (pid, epoch) = (done.producer_id, done.epoch);
-        if self.transition(id, done).is_ok() {
-            self.open.close(pid, epoch);
+        self.transition(&marked.id, done).await.map_err(|_| ())?;
+        self.open.close(pid, epoch);
+        Ok(())
+    }
+
+    /// Second phase written inline, for InitProducerId fencing an open
+    /// transaction: the new epoch is handed out only once the old one's
+    /// abort markers are written.
+    async fn complete(&mut self, id: &str, commit: bool) {
+        let Some(meta) = self.txns.get(id) else { return };
+        let partitions: Vec<(String, i32)> = meta.partitions.iter().cloned().collect();
+        let (producer_id, epoch) = (meta.producer_id, meta.epoch);
+        let coordinator_epoch = self.coordinator_epoch();
+        let marked = self.markers.write_all(&partitions, producer_id, epoch, commit, coordinator_epoch).await;
+        log_unmarked(id, &marked);
+        let marked = Marked { id: id.to_string(), producer_id, epoch, commit, written: marked.is_ok() };
+        if marked.written {
+            let _ = self.mark_complete(&marked).await;
         }
     }
 
@@ -459,7 +570,7 @@ impl Shard {
         let stuck: Vec<(String, bool)> = self
             .txns
             .iter()
-            .filter(|(_, m)| self.all_partitions_led(m))
+            .filter(|(id, m)| !self.completing.contains_key(*id) && self.all_partitions_led(m))
             .filter_map(|(id, m)| match m.state {
                 TxnState::PrepareCommit => Some((id.clone(), true)),
                 TxnState::PrepareAbort | TxnState::PrepareEpochFence => Some((id.clone(), false)),
@@ -468,7 +579,7 @@ impl Shard {
             .collect();
         for (id, commit) in stuck {
             tracing::info!(transactional_id = %id, commit, "completing a transaction whose markers were not all written");
-            self.complete(&id, commit).await;
+            self.start_completion(&id, commit, None);
         }
     }
 
@@ -494,8 +605,8 @@ impl Shard {
             meta.epoch = meta.epoch.saturating_add(1);
             meta.state = TxnState::PrepareAbort;
             meta.last_update_ms = now;
-            if self.transition(&id, meta).is_ok() {
-                self.complete(&id, false).await;
+            if self.transition(&id, meta).await.is_ok() {
+                self.start_completion(&id, false, None);
             }
         }
         // Forget idle transactional ids (transactional.id.expiration.ms).
@@ -509,7 +620,7 @@ impl Shard {
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
-            if self.tombstone(&id).is_ok() {
+            if self.tombstone(&id).await.is_ok() {
                 if let Some(m) = self.txns.remove(&id) {
                     self.open.forget(m.producer_id);
                 }
@@ -517,30 +628,16 @@ impl Shard {
         }
     }
 
-    fn tombstone(&self, id: &str) -> Result<(), i16> {
-        let record = Record {
-            transactional: false,
-            control: false,
-            delete_horizon: false,
-            partition_leader_epoch: 0,
-            producer_id: -1,
-            producer_epoch: -1,
-            timestamp_type: TimestampType::Creation,
-            offset: 0,
-            sequence: -1,
-            timestamp: now_ms(),
-            key: Some(records::encode_key(id)),
-            value: None,
-            headers: Default::default(),
-        };
-        let mut buf = BytesMut::new();
-        let options = RecordEncodeOptions { version: 2, compression: Compression::None };
-        RecordBatchEncoder::encode(&mut buf, [record].iter(), &options)
-            .map_err(|_| code(ResponseError::UnknownServerError))?;
-        self.partition
-            .append(&buf, AppendOrigin::Coordinator, now_ms())
-            .map(|_| ())
-            .map_err(|_| code(ResponseError::CoordinatorNotAvailable))
+    async fn tombstone(&self, id: &str) -> Result<(), i16> {
+        self.write(id, None).await
+    }
+}
+
+fn log_unmarked(id: &str, marked: &Result<(), Vec<((String, i32), i16)>>) {
+    if let Err(failed) = marked {
+        for ((topic, partition), e) in failed {
+            tracing::error!(transactional_id = id, topic, partition, error = e, "transaction marker failed");
+        }
     }
 }
 
@@ -550,8 +647,8 @@ fn load(partition: &Partition) -> Result<HashMap<String, TxnMeta>, String> {
     let offsets = partition.offsets().map_err(|e| e.to_string())?;
     let mut position = offsets.log_start_offset;
     let mut buf = Vec::new();
-    while position < offsets.high_watermark {
-        let (info, _, _) = partition.read(position, 4 << 20, false, true).map_err(|e| e.to_string())?;
+    while position < offsets.log_end_offset {
+        let info = partition.read_to_log_end(position, 4 << 20).map_err(|e| e.to_string())?;
         if info.slices.is_empty() {
             break;
         }
