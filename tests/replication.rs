@@ -250,3 +250,119 @@ async fn acks_all_is_refused_below_min_insync_replicas() {
     assert_eq!(read, vec![(0, "loose".to_string()), (1, "after".to_string())]);
     cluster.shutdown().await;
 }
+
+/// The (leader, isr) of partition `partition` of `topic` as broker `id`'s image has it.
+fn image_partition(cluster: &TestCluster, id: i32, topic: &str, partition: i32) -> Option<(i32, Vec<i32>)> {
+    let image = cluster.state(id).cluster().unwrap().image();
+    image.partition(topic, partition).map(|p| (p.leader, p.isr.clone()))
+}
+
+/// Goal: `__consumer_offsets` and `__transaction_state` get three replicas
+/// on three brokers, and the broker leading both coordinators' partitions
+/// can stop in the middle of a consume-transform-produce transaction: a
+/// plain offset commit made before is still there, and the transaction
+/// (its records and the offsets committed in it) commits through the new
+/// coordinators, which loaded its state from their replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn coordinators_carry_on_when_their_leader_stops() {
+    use rdkafka::consumer::CommitMode;
+    use rdkafka::producer::Producer;
+    let mut cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(1);
+    create_replicated(&bootstrap, "ctp-in", 2, "2").await;
+    let plain = producer(&bootstrap);
+    for p in 0..2 {
+        let values: Vec<String> = (0..10).map(|i| format!("in-{p}-{i}")).collect();
+        send_all(&plain, "ctp-in", p, &values).await;
+    }
+
+    // A plain commit of partition 1 by group "ctp" (creates __consumer_offsets).
+    let group_consumer = |bootstrap: &str| -> BaseConsumer {
+        let mut c = consumer_config(bootstrap);
+        c.set("group.id", "ctp").set("isolation.level", "read_committed");
+        c.create().unwrap()
+    };
+    let committer = group_consumer(&bootstrap);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("ctp-in", 1, Offset::Offset(5)).unwrap();
+    tokio::task::block_in_place(|| committer.commit(&tpl, CommitMode::Sync)).expect("plain commit");
+
+    // Another transactional id creates __transaction_state.
+    let call = Duration::from_secs(60);
+    let transactional = |bootstrap: &str, id: &str| -> FutureProducer {
+        let mut c = producer_config(bootstrap);
+        c.set("transactional.id", id).set("enable.idempotence", "true").set("message.timeout.ms", "60000");
+        c.create().unwrap()
+    };
+    let warmup = transactional(&bootstrap, "warmup");
+    tokio::task::block_in_place(|| warmup.init_transactions(call)).expect("init_transactions");
+    drop(warmup);
+
+    // Both internal topics have three replicas, all in sync.
+    for topic in ["__consumer_offsets", "__transaction_state"] {
+        wait_for("internal topic fully replicated", READY, Duration::from_millis(50), || {
+            let t = cluster.state(1).cluster().unwrap().image().topic(topic).cloned();
+            async move {
+                let t = t?;
+                t.partitions.values().all(|p| p.replicas.len() == 3 && p.isr.len() == 3 && p.leader > 0).then_some(())
+            }
+        })
+        .await;
+    }
+    let offsets_partition = strand::group::records::partition_for("ctp", 50);
+    let (coordinator, _) = image_partition(&cluster, 1, "__consumer_offsets", offsets_partition).unwrap();
+    // A transactional id whose coordinator is the same broker.
+    let txn_id = (0..)
+        .map(|i| format!("ctp-txn-{i}"))
+        .find(|id| {
+            let p = strand::group::records::partition_for(id, 50);
+            image_partition(&cluster, 1, "__transaction_state", p).unwrap().0 == coordinator
+        })
+        .unwrap();
+    let survivor = (1..=3).find(|id| *id != coordinator).unwrap();
+    let bootstrap = cluster.bootstrap(survivor);
+
+    let out = transactional(&bootstrap, &txn_id);
+    tokio::task::block_in_place(|| out.init_transactions(call)).expect("init_transactions");
+    out.begin_transaction().unwrap();
+    for i in 0..3 {
+        let value = format!("out-{i}");
+        out.send(FutureRecord::to("ctp-in").partition(0).key("k").payload(&value), call).await.expect("acked");
+    }
+    let mut positions = TopicPartitionList::new();
+    positions.add_partition_offset("ctp-in", 0, Offset::Offset(10)).unwrap();
+    let metadata = committer.group_metadata().unwrap();
+    tokio::task::block_in_place(|| out.send_offsets_to_transaction(&positions, &metadata, call)).expect("offsets");
+
+    // The broker coordinating both stops; the new leaders take over.
+    cluster.stop(coordinator).await;
+    for (topic, p) in [("__consumer_offsets", offsets_partition), ("__transaction_state", txn_partition(&txn_id))] {
+        wait_for("a new coordinator", READY, Duration::from_millis(50), || {
+            let now = image_partition(&cluster, survivor, topic, p);
+            async move { now.filter(|(leader, _)| *leader > 0 && *leader != coordinator).map(|_| ()) }
+        })
+        .await;
+    }
+    tokio::task::block_in_place(|| out.commit_transaction(call)).expect("commit after the coordinator moved");
+
+    // The transaction's records are visible to read_committed readers ...
+    let read = read_partition(&bootstrap, "ctp-in", 0, 13);
+    let values: Vec<&str> = read.iter().map(|(_, v)| v.as_str()).collect();
+    assert_eq!(&values[10..], ["out-0", "out-1", "out-2"]);
+    // ... and the group's offsets are the plain commit and the transaction's.
+    let reader = group_consumer(&bootstrap);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition("ctp-in", 0);
+    tpl.add_partition("ctp-in", 1);
+    let committed = tokio::task::block_in_place(|| reader.committed_offsets(tpl, Duration::from_secs(30))).unwrap();
+    let got: Vec<(i32, Offset)> = committed.elements().iter().map(|e| (e.partition(), e.offset())).collect();
+    assert_eq!(got, vec![(0, Offset::Offset(10)), (1, Offset::Offset(5))]);
+    drop((plain, out, reader, metadata));
+    std::mem::forget(committer);
+    cluster.shutdown().await;
+}
+
+fn txn_partition(id: &str) -> i32 {
+    strand::group::records::partition_for(id, 50)
+}
