@@ -164,6 +164,9 @@ pub struct QuorumSettings {
     pub session_timeout_ms: u64,
     /// `metadata.log.dir` (default: the first log directory).
     pub metadata_log_dir: PathBuf,
+    /// `leader.imbalance.check.interval.seconds` (300) in ms while
+    /// `auto.leader.rebalance.enable` (true); `None` when that is false.
+    pub leader_rebalance_interval_ms: Option<u64>,
     /// Seeds the controller's ids (topic ids, hence placement) so a test
     /// run repeats; not a server.properties key (random when `None`).
     pub seed: Option<u64>,
@@ -301,6 +304,9 @@ const ACCEPTED_UNUSED_KEYS: &[&str] = &[
     "num.recovery.threads.per.data.dir",
     "share.coordinator.state.topic.replication.factor",
     "share.coordinator.state.topic.min.isr",
+    // Only Kafka's ZooKeeper controller gated automatic preferred-leader
+    // elections on this ratio; KRaft's (and Strand's) has none.
+    "leader.imbalance.per.broker.percentage",
 ];
 
 impl BrokerConfig {
@@ -342,6 +348,8 @@ impl BrokerConfig {
         let mut inter_broker_listener_name: Option<String> = None;
         let mut heartbeat_interval_ms = 2000;
         let mut session_timeout_ms = 9000;
+        let mut auto_leader_rebalance = true;
+        let mut leader_imbalance_check_interval_ms: u64 = 300_000;
         let mut metadata_log_dir: Option<PathBuf> = None;
         for (key, value, at) in &entries {
             let invalid = |reason: String| ConfigError::Invalid {
@@ -551,6 +559,11 @@ impl BrokerConfig {
                     session_timeout_ms = parse_int(value, 10, i32::MAX as i64).map_err(invalid)? as u64
                 }
                 "metadata.log.dir" => metadata_log_dir = Some(PathBuf::from(value)),
+                "auto.leader.rebalance.enable" => auto_leader_rebalance = parse_bool(value).map_err(invalid)?,
+                "leader.imbalance.check.interval.seconds" => {
+                    leader_imbalance_check_interval_ms =
+                        parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as u64 * 1000
+                }
                 "broker.rack" => config.rack = Some(value.clone()).filter(|r| !r.is_empty()),
                 k if ACCEPTED_UNUSED_KEYS.contains(&k) => {
                     tracing::info!(key = k, origin = %at, "config key accepted but not used by Strand");
@@ -640,6 +653,7 @@ impl BrokerConfig {
                 heartbeat_interval_ms,
                 session_timeout_ms,
                 metadata_log_dir: metadata_log_dir.unwrap_or_else(|| config.log_dir.clone()),
+                leader_rebalance_interval_ms: auto_leader_rebalance.then_some(leader_imbalance_check_interval_ms),
                 seed: None,
             });
         } else if let Some((r, at)) = roles {

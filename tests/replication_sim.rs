@@ -6,7 +6,8 @@
 //! fencing, elections, AlterPartition) as the metadata quorum, and a
 //! network that delays, drops and cuts links. Brokers crash (the kill -9
 //! kind, and the power-loss kind that loses what was not fsynced) and
-//! restart; producers write with acks=all to whoever leads.
+//! restart; producers write with acks=all to whoever leads. Automatic
+//! preferred-leader elections move leadership between live replicas too.
 //!
 //! Checked after every event: one leader per epoch; a broker's high
 //! watermark never moves back and never passes its log end; replicas agree
@@ -39,6 +40,9 @@ const HEARTBEAT_MS: i64 = 100;
 const SESSION_MS: u64 = 600;
 const LAG_MAX_MS: i64 = 400;
 const MIN_ISR: i32 = 2;
+/// Automatic preferred-leader elections: leadership also moves between
+/// live replicas, not only away from lost ones.
+const REBALANCE_MS: u64 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Rec {
@@ -193,8 +197,10 @@ struct Sim {
 
 impl Sim {
     fn new(seed: u64) -> Sim {
-        let controller =
-            ControllerCore::new(CoreSettings { session_timeout_ms: SESSION_MS, seed }, ClusterImage::default());
+        let controller = ControllerCore::new(
+            CoreSettings { session_timeout_ms: SESSION_MS, leader_rebalance_interval_ms: Some(REBALANCE_MS), seed },
+            ClusterImage::default(),
+        );
         let mut sim = Sim {
             rng: fastrand::Rng::with_seed(seed),
             now: 0,

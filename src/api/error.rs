@@ -121,6 +121,20 @@ pub fn controller_code(e: &crate::controller::driver::DriverError) -> (i16, Stri
     (r.code(), e.to_string())
 }
 
+/// Why one partition's leader election did not happen.
+pub fn election_code(e: &crate::controller::core::ElectionError) -> i16 {
+    use crate::controller::core::ElectionError;
+    let r = match e {
+        ElectionError::UnknownTopicOrPartition(..) => ResponseError::UnknownTopicOrPartition,
+        ElectionError::ElectionNotNeeded => ResponseError::ElectionNotNeeded,
+        ElectionError::PreferredLeaderNotAvailable { .. } => ResponseError::PreferredLeaderNotAvailable,
+        ElectionError::EligibleLeadersNotAvailable { .. } => ResponseError::EligibleLeadersNotAvailable,
+        // As an overtaken controller request: retriable.
+        ElectionError::Overtaken => ResponseError::RequestTimedOut,
+    };
+    r.code()
+}
+
 /// A controller's refusal of a request: (code, message).
 pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i16, String) {
     use crate::controller::core::ControllerError;

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod api_versions;
 pub mod configs;
+pub mod elect_leaders;
 pub mod error;
 pub mod fetch;
 pub mod fetch_session;
@@ -148,6 +149,7 @@ pub async fn handle(
             ResponseKind::CreatePartitions(forward::create_partitions(&ctx, r).await)
         }
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
+        RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect_leaders::handle(&ctx, r).await),
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeQuorum(r) => ResponseKind::DescribeQuorum(quorum::describe_quorum(&ctx, r).await),

@@ -43,6 +43,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::OffsetDelete, 0, 0),
     (ApiKey::DescribeCluster, 0, 2),
+    (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::DescribeProducers, 0, 0),
 ];
 

@@ -97,6 +97,7 @@ impl ClusterNode {
             Some(listener) => {
                 let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
                 settings.session_timeout_ms = quorum.session_timeout_ms;
+                settings.leader_rebalance_interval_ms = quorum.leader_rebalance_interval_ms;
                 settings.expected_cluster_id = meta.cluster_id.clone();
                 if let Some(seed) = quorum.seed {
                     settings.seed = seed;

@@ -81,6 +81,46 @@ pub enum Request {
     /// DescribeQuorum: answered by the driver, which holds the raft state;
     /// it never reaches the core's decisions.
     DescribeQuorum,
+    /// Kafka's ElectLeaders: a leader election of `election` kind for the
+    /// named (topic, partition)s, or for every partition when `None`.
+    ElectLeaders {
+        election: ElectionType,
+        partitions: Option<Vec<(String, i32)>>,
+    },
+}
+
+/// Kafka's ElectionType.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ElectionType {
+    /// Make the first replica (the preferred one) the leader, if it is an
+    /// active member of the ISR.
+    Preferred,
+    /// Give a partition without a leader one: an active ISR member if there
+    /// is one, else (losing what only the ISR had) the first active replica.
+    Unclean,
+}
+
+/// One partition's outcome of an ElectLeaders request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElectionResult {
+    pub topic: String,
+    pub partition: i32,
+    pub outcome: Result<(), ElectionError>,
+}
+
+/// Why a partition's election did not happen; Kafka's per-partition codes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+pub enum ElectionError {
+    #[error("no partition {0}-{1}")]
+    UnknownTopicOrPartition(String, i32),
+    #[error("the partition already has the leader that election would give it")]
+    ElectionNotNeeded,
+    #[error("preferred replica {preferred} is not an active member of the ISR {isr:?}")]
+    PreferredLeaderNotAvailable { preferred: i32, isr: Vec<i32> },
+    #[error("no replica of {replicas:?} is active")]
+    EligibleLeadersNotAvailable { replicas: Vec<i32> },
+    #[error("another change to the partition committed first; retry")]
+    Overtaken,
 }
 
 /// A reply, sent once the request's records are committed and applied.
@@ -112,6 +152,9 @@ pub enum Reply {
         isr: Vec<i32>,
     },
     Quorum(super::describe::QuorumDescription),
+    /// Every partition named (or, for all partitions, every one whose
+    /// election was needed), in topic-name and partition order.
+    LeadersElected(Vec<ElectionResult>),
     Error(ControllerError),
 }
 
@@ -178,9 +221,19 @@ pub const PRODUCER_ID_BLOCK: i64 = 1000;
 /// repaired ([`ControllerCore::repair_partitions`]).
 pub const REPAIR_INTERVAL_MS: u64 = 1000;
 
+/// At most this many preferred-leader elections in one automatic pass (as
+/// Kafka's controller): the rest follow at the next tick, not the next
+/// interval, so a broker back with many partitions is not one huge batch.
+pub const MAX_ELECTIONS_PER_PASS: usize = 1000;
+
 #[derive(Debug, Clone)]
 pub struct CoreSettings {
     pub session_timeout_ms: u64,
+    /// `leader.imbalance.check.interval.seconds` in ms when
+    /// `auto.leader.rebalance.enable` is on: how often partitions led by
+    /// another replica than their preferred one get it back
+    /// ([`ControllerCore::balance_leaders`]); `None` when off.
+    pub leader_rebalance_interval_ms: Option<u64>,
     /// Seeds the ids the core makes up (topic ids, hence placement, and
     /// proposal ids): the core does no I/O and takes no randomness from
     /// outside, so the same seed and inputs give the same decisions. The
@@ -196,6 +249,9 @@ enum Pending {
     Request { id: RequestId, request: Request },
     /// The controller's own fencing of expired sessions.
     Fence { brokers: Vec<i32> },
+    /// An ElectLeaders request: `results` as decided, its records being
+    /// those of the `Ok` results, in order.
+    Election { id: RequestId, results: Vec<ElectionResult>, election: ElectionType },
 }
 
 pub struct ControllerCore {
@@ -213,6 +269,10 @@ pub struct ControllerCore {
     pending: BTreeMap<Uuid, Pending>,
     /// When partitions were last repaired (not tracked as pending).
     last_repair_ms: Option<u64>,
+    /// When leaders were last balanced (the first tick starts the clock),
+    /// and whether the last pass stopped at [`MAX_ELECTIONS_PER_PASS`].
+    last_balance_ms: Option<u64>,
+    balance_unfinished: bool,
     rng: fastrand::Rng,
 }
 
@@ -226,6 +286,8 @@ impl ControllerCore {
             heard_from: Default::default(),
             pending: BTreeMap::new(),
             last_repair_ms: None,
+            last_balance_ms: None,
+            balance_unfinished: false,
             rng,
         }
     }
@@ -250,6 +312,7 @@ impl ControllerCore {
             Input::Tick { now_ms } => {
                 let mut effects = self.fence_expired(now_ms);
                 effects.extend(self.repair_partitions(now_ms));
+                effects.extend(self.balance_leaders(now_ms));
                 effects
             }
             Input::Request { id, request, now_ms } => self.request(id, request, now_ms),
@@ -388,6 +451,7 @@ impl ControllerCore {
             Request::DescribeQuorum => {
                 Self::reply(id, Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())))
             }
+            Request::ElectLeaders { election, partitions } => self.elect_leaders(id, *election, partitions.as_deref()),
             Request::AlterPartition {
                 broker_id,
                 broker_epoch,
@@ -656,9 +720,157 @@ impl ControllerCore {
         vec![Effect::Propose(RecordBatch { proposal: self.new_id(), records })]
     }
 
+    /// An ElectLeaders request: each partition's election decided against
+    /// the committed image ([`Self::election_change`]), the changes proposed
+    /// together and answered once committed. For all partitions (`named`
+    /// `None`) those whose election is not needed are left out, as in Kafka.
+    fn elect_leaders(&mut self, id: RequestId, election: ElectionType, named: Option<&[(String, i32)]>) -> Vec<Effect> {
+        let targets: Vec<(String, i32)> = match named {
+            Some(named) => named.to_vec(),
+            None => {
+                self.image.topics.values().flat_map(|t| t.partitions.keys().map(|p| (t.name.clone(), *p))).collect()
+            }
+        };
+        let mut results = Vec::with_capacity(targets.len());
+        let mut records = Vec::new();
+        for (topic, partition) in targets {
+            let outcome = match self.election_change(&topic, partition, election) {
+                Ok(record) => {
+                    records.push(record);
+                    Ok(())
+                }
+                Err(ElectionError::ElectionNotNeeded) if named.is_none() => continue,
+                Err(e) => Err(e),
+            };
+            results.push(ElectionResult { topic, partition, outcome });
+        }
+        if named.is_none() {
+            results.sort_by(|a, b| (&a.topic, a.partition).cmp(&(&b.topic, b.partition)));
+        }
+        if records.is_empty() {
+            return Self::reply(id, Reply::LeadersElected(results));
+        }
+        let batch = RecordBatch { proposal: self.new_id(), records };
+        self.pending.insert(batch.proposal, Pending::Election { id, results, election });
+        vec![Effect::Propose(batch)]
+    }
+
+    /// The change one election makes to a partition, by Kafka's rules: a
+    /// preferred election is not needed while the first replica leads and
+    /// cannot happen unless it is an active ISR member; an unclean one is
+    /// not needed while there is a leader, takes an active ISR member if one
+    /// is left (a clean election) and otherwise the first active replica,
+    /// which becomes the whole ISR (whatever only the old ISR held is lost:
+    /// the operator asked for availability over it).
+    fn election_change(
+        &self,
+        topic: &str,
+        partition: i32,
+        election: ElectionType,
+    ) -> Result<MetadataRecord, ElectionError> {
+        let unknown = || ElectionError::UnknownTopicOrPartition(topic.to_string(), partition);
+        let t = self.image.topic(topic).ok_or_else(unknown)?;
+        let reg = t.partitions.get(&partition).ok_or_else(unknown)?;
+        let (leader, isr) = match election {
+            ElectionType::Preferred => {
+                let preferred = reg.replicas.first().copied().unwrap_or(NO_LEADER);
+                if reg.leader == preferred {
+                    return Err(ElectionError::ElectionNotNeeded);
+                }
+                if !reg.isr.contains(&preferred) || !self.is_active(preferred) {
+                    return Err(ElectionError::PreferredLeaderNotAvailable { preferred, isr: reg.isr.clone() });
+                }
+                (preferred, None)
+            }
+            ElectionType::Unclean => {
+                if reg.leader != NO_LEADER {
+                    return Err(ElectionError::ElectionNotNeeded);
+                }
+                match settle(reg, |b| self.is_active(b)) {
+                    Some((Some(leader), isr)) if leader != NO_LEADER => (leader, isr),
+                    _ => {
+                        let leader = reg.replicas.iter().copied().find(|b| self.is_active(*b)).ok_or_else(|| {
+                            ElectionError::EligibleLeadersNotAvailable { replicas: reg.replicas.clone() }
+                        })?;
+                        (leader, Some(vec![leader]))
+                    }
+                }
+            }
+        };
+        Ok(MetadataRecord::PartitionChange {
+            topic_id: t.id,
+            partition,
+            expected_partition_epoch: reg.partition_epoch,
+            leader: Some(leader),
+            isr,
+        })
+    }
+
+    /// An election's results once its batch committed: a change overtaken
+    /// by another is decided again against the new image (no longer needed
+    /// means the partition has the leader that was asked for).
+    fn elected(
+        &self,
+        mut results: Vec<ElectionResult>,
+        election: ElectionType,
+        outcomes: &[Applied],
+    ) -> Vec<ElectionResult> {
+        let mut outcomes = outcomes.iter();
+        for r in results.iter_mut().filter(|r| r.outcome.is_ok()) {
+            if outcomes.next() == Some(&Applied::Changed) {
+                continue;
+            }
+            r.outcome = match self.election_change(&r.topic, r.partition, election) {
+                Err(ElectionError::ElectionNotNeeded) => Ok(()),
+                Ok(_) => Err(ElectionError::Overtaken),
+                Err(e) => Err(e),
+            };
+        }
+        results
+    }
+
+    /// Kafka's automatic preferred-leader election, by its KRaft rule: no
+    /// imbalance ratio to cross first; every partition whose preferred
+    /// replica is an active ISR member but does not lead gets it back, once
+    /// per `leader_rebalance_interval_ms`, at most [`MAX_ELECTIONS_PER_PASS`]
+    /// at a time (the rest at the next tick). Not tracked as pending:
+    /// conditional records make a repeat harmless.
+    fn balance_leaders(&mut self, now_ms: u64) -> Vec<Effect> {
+        let Some(interval) = self.settings.leader_rebalance_interval_ms else { return Vec::new() };
+        let last = *self.last_balance_ms.get_or_insert(now_ms);
+        if !self.balance_unfinished && now_ms.saturating_sub(last) < interval {
+            return Vec::new();
+        }
+        self.last_balance_ms = Some(now_ms);
+        let mut records = Vec::new();
+        let mut unfinished = false;
+        'topics: for t in self.image.topics.values() {
+            for p in t.partitions.keys() {
+                if records.len() >= MAX_ELECTIONS_PER_PASS {
+                    unfinished = true;
+                    break 'topics;
+                }
+                if let Ok(record) = self.election_change(&t.name, *p, ElectionType::Preferred) {
+                    records.push(record);
+                }
+            }
+        }
+        self.balance_unfinished = unfinished;
+        if records.is_empty() {
+            return Vec::new();
+        }
+        vec![Effect::Propose(RecordBatch { proposal: self.new_id(), records })]
+    }
+
     fn committed(&mut self, offset: u64, batch: RecordBatch) -> Vec<Effect> {
         let outcomes = self.image.apply(offset, &batch);
-        let Some(Pending::Request { id, request }) = self.pending.remove(&batch.proposal) else { return Vec::new() };
+        let (id, request) = match self.pending.remove(&batch.proposal) {
+            Some(Pending::Request { id, request }) => (id, request),
+            Some(Pending::Election { id, results, election }) => {
+                return Self::reply(id, Reply::LeadersElected(self.elected(results, election, &outcomes)))
+            }
+            _ => return Vec::new(),
+        };
         let first_ok = outcomes.first().is_some_and(|o| *o == Applied::Changed);
         let reply = match &request {
             Request::Register { broker_id, .. } => match self.image.brokers.get(broker_id) {
@@ -686,6 +898,8 @@ impl ControllerCore {
             },
             Request::AlterConfigs { .. } => Reply::ConfigsAltered,
             Request::DescribeQuorum => Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())),
+            // Proposed as Pending::Election, answered above.
+            Request::ElectLeaders { .. } => Reply::Error(ControllerError::Conflict),
             Request::AlterPartition { topic_id, partition, partition_epoch, .. } => {
                 match self.image.topics.get(topic_id).and_then(|t| t.partitions.get(partition)) {
                     Some(reg) if first_ok => altered(reg),
@@ -779,8 +993,19 @@ mod tests {
 
     impl Harness {
         fn new() -> Harness {
-            let core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000, seed: 7 }, ClusterImage::default());
-            Harness { core, offset: 0, replies: Vec::new(), next_id: 0 }
+            Harness::rebalancing(None)
+        }
+
+        /// With automatic preferred-leader elections every `interval_ms`.
+        fn rebalancing(interval_ms: Option<u64>) -> Harness {
+            let settings =
+                CoreSettings { session_timeout_ms: 9000, leader_rebalance_interval_ms: interval_ms, seed: 7 };
+            Harness {
+                core: ControllerCore::new(settings, ClusterImage::default()),
+                offset: 0,
+                replies: Vec::new(),
+                next_id: 0,
+            }
         }
 
         fn run(&mut self, input: Input) {
@@ -1275,7 +1500,10 @@ mod tests {
         let mut h = Harness::new();
         let epochs: Vec<i64> = (1..=3).map(|b| h.register(b, 0)).collect();
         // Failover: a fresh core over the same image; broker 3 died just before.
-        h.core = ControllerCore::new(CoreSettings { session_timeout_ms: 9000, seed: 7 }, h.core.image().clone());
+        h.core = ControllerCore::new(
+            CoreSettings { session_timeout_ms: 9000, leader_rebalance_interval_ms: None, seed: 7 },
+            h.core.image().clone(),
+        );
         for b in [1, 2] {
             let hb = Request::Heartbeat {
                 broker_id: b,
@@ -1351,6 +1579,120 @@ mod tests {
         assert_eq!(h.call(hb, 100), Reply::Heartbeat { fenced: false, shutdown_done: true });
         assert!(h.core.image().brokers[&1].in_controlled_shutdown);
         assert!(h.core.image().topic("t").unwrap().partitions.values().all(|p| p.leader == NO_LEADER));
+    }
+
+    fn elect(election: ElectionType, partitions: Option<&[(&str, i32)]>) -> Request {
+        let partitions = partitions.map(|ps| ps.iter().map(|(t, p)| (t.to_string(), *p)).collect());
+        Request::ElectLeaders { election, partitions }
+    }
+
+    fn result(topic: &str, partition: i32, outcome: Result<(), ElectionError>) -> ElectionResult {
+        ElectionResult { topic: topic.into(), partition, outcome }
+    }
+
+    /// Fences the preferred leader of "r"-0 (silent from 1000 to 10 000
+    /// ms), returning it; another ISR member then leads the partition.
+    fn fence_preferred(h: &mut Harness, epochs: &BTreeMap<i32, i64>) -> i32 {
+        let preferred = partition(h, "r", 0).replicas[0];
+        run_sessions(h, epochs, &[preferred], 1000, 10_000);
+        let reg = partition(h, "r", 0);
+        assert!(reg.leader != preferred && !reg.isr.contains(&preferred), "{reg:?}");
+        preferred
+    }
+
+    /// The fenced broker heartbeats again (unfenced at 11 000 ms) and the
+    /// leader of "r"-0 takes it back into the ISR.
+    fn rejoin(h: &mut Harness, epochs: &BTreeMap<i32, i64>, broker: i32) {
+        run_sessions(h, epochs, &[], 11_000, 11_000);
+        assert!(!h.core.image().brokers[&broker].fenced);
+        let reg = partition(h, "r", 0);
+        let mut isr = reg.isr.clone();
+        isr.push(broker);
+        let request = alter(h, reg.leader, "r", 0, isr);
+        assert!(matches!(h.call(request, 11_500), Reply::PartitionAltered { .. }));
+    }
+
+    #[test]
+    fn preferred_elections_follow_kafkas_rules() {
+        let (mut h, epochs) = rf3();
+        let preferred = fence_preferred(&mut h, &epochs);
+        let isr = partition(&h, "r", 0).isr;
+        let offset = h.offset;
+        let named: &[(&str, i32)] = &[("r", 0), ("r", 1), ("nope", 0), ("r", 7)];
+        let r = h.call(elect(ElectionType::Preferred, Some(named)), 10_000);
+        let expected = vec![
+            result("r", 0, Err(ElectionError::PreferredLeaderNotAvailable { preferred, isr })),
+            result("r", 1, Err(ElectionError::ElectionNotNeeded)),
+            result("nope", 0, Err(ElectionError::UnknownTopicOrPartition("nope".into(), 0))),
+            result("r", 7, Err(ElectionError::UnknownTopicOrPartition("r".into(), 7))),
+        ];
+        assert_eq!(r, Reply::LeadersElected(expected));
+        assert_eq!(h.offset, offset, "nothing to elect, nothing proposed");
+
+        rejoin(&mut h, &epochs, preferred);
+        // Without automatic rebalancing the partition stays where it is.
+        run_sessions(&mut h, &epochs, &[], 12_000, 400_000);
+        let before = partition(&h, "r", 0);
+        assert!(before.leader != preferred && before.isr.contains(&preferred), "{before:?}");
+        // For all partitions, only those whose election was needed are named.
+        let r = h.call(elect(ElectionType::Preferred, None), 400_000);
+        assert_eq!(r, Reply::LeadersElected(vec![result("r", 0, Ok(()))]));
+        let after = partition(&h, "r", 0);
+        assert_eq!((after.leader, after.leader_epoch), (preferred, before.leader_epoch + 1));
+        assert_eq!(after.isr, before.isr, "a preferred election keeps the ISR");
+        assert_eq!(h.call(elect(ElectionType::Preferred, None), 400_000), Reply::LeadersElected(vec![]));
+    }
+
+    #[test]
+    fn automatic_rebalancing_returns_leadership_to_the_preferred_replica_at_its_interval() {
+        let mut h = Harness::rebalancing(Some(5000));
+        let epochs: BTreeMap<i32, i64> = (1..=3).map(|b| (b, h.register(b, 0))).collect();
+        create(&mut h, "r", 3, 3);
+        let preferred = fence_preferred(&mut h, &epochs);
+        rejoin(&mut h, &epochs, preferred);
+        // The clock started at the first tick (1000 ms): passes at 6000,
+        // 11 000, 16 000; the preferred replica rejoined at 11 500.
+        run_sessions(&mut h, &epochs, &[], 12_000, 15_000);
+        assert_ne!(partition(&h, "r", 0).leader, preferred, "not before the interval");
+        run_sessions(&mut h, &epochs, &[], 16_000, 16_000);
+        assert_eq!(partition(&h, "r", 0).leader, preferred);
+        for p in 0..3 {
+            let reg = partition(&h, "r", p);
+            assert_eq!(reg.leader, reg.replicas[0], "{reg:?}");
+        }
+    }
+
+    #[test]
+    fn unclean_elections_take_a_replica_outside_the_isr_only_when_asked() {
+        let mut h = Harness::new();
+        let epochs: BTreeMap<i32, i64> = (1..=2).map(|b| (b, h.register(b, 0))).collect();
+        for (name, replicas) in [("u", vec![1, 2]), ("v", vec![1])] {
+            let create = Request::CreateTopic {
+                name: name.into(),
+                partitions: -1,
+                replication_factor: -1,
+                configs: BTreeMap::new(),
+                assignment: Some(vec![replicas]),
+            };
+            assert!(matches!(h.call(create, 0), Reply::TopicCreated { .. }));
+        }
+        let request = alter(&h, 1, "u", 0, vec![1]);
+        assert!(matches!(h.call(request, 0), Reply::PartitionAltered { .. }));
+        let named: &[(&str, i32)] = &[("u", 0)];
+        let r = h.call(elect(ElectionType::Unclean, Some(named)), 0);
+        assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Err(ElectionError::ElectionNotNeeded))]));
+        // Broker 1, the whole ISR, is fenced: the partition has no leader.
+        run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
+        let reg = partition(&h, "u", 0);
+        assert_eq!((reg.leader, reg.isr.clone()), (NO_LEADER, vec![1]));
+        let r = h.call(elect(ElectionType::Preferred, Some(named)), 10_000);
+        let not_available = ElectionError::PreferredLeaderNotAvailable { preferred: 1, isr: vec![1] };
+        assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Err(not_available))]));
+        let r = h.call(elect(ElectionType::Unclean, None), 10_000);
+        let none_active = ElectionError::EligibleLeadersNotAvailable { replicas: vec![1] };
+        assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Ok(())), result("v", 0, Err(none_active))]));
+        let reg = partition(&h, "u", 0);
+        assert_eq!((reg.leader, reg.isr, reg.leader_epoch), (2, vec![2], 2));
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct DriverSettings {
     pub voters: Vec<Voter>,
     pub metadata_log_dir: PathBuf,
     pub session_timeout_ms: u64,
+    /// See [`CoreSettings::leader_rebalance_interval_ms`].
+    pub leader_rebalance_interval_ms: Option<u64>,
     /// Raft's logical clock.
     pub tick: Duration,
     pub quorum: QuorumConfig,
@@ -70,6 +72,7 @@ impl DriverSettings {
             voters,
             metadata_log_dir,
             session_timeout_ms: 9000,
+            leader_rebalance_interval_ms: Some(300_000),
             tick: Duration::from_millis(50),
             quorum: QuorumConfig::default(),
             snapshot_bytes: 16 << 20,
@@ -87,7 +90,11 @@ impl DriverSettings {
 fn core_settings(settings: &DriverSettings, term: u64, offset: u64) -> CoreSettings {
     let mut h = std::hash::DefaultHasher::new();
     std::hash::Hash::hash(&(settings.seed, settings.node_id, term, offset), &mut h);
-    CoreSettings { session_timeout_ms: settings.session_timeout_ms, seed: std::hash::Hasher::finish(&h) }
+    CoreSettings {
+        session_timeout_ms: settings.session_timeout_ms,
+        leader_rebalance_interval_ms: settings.leader_rebalance_interval_ms,
+        seed: std::hash::Hasher::finish(&h),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]

@@ -185,6 +185,10 @@ pub struct MarkerWriter {
 /// leaves its partitions without one until it returns).
 const MARKER_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// Partitions a transaction's markers could not be written to, each with
+/// the Kafka error code of the last try.
+pub type Unmarked = Vec<((String, i32), i16)>;
+
 impl MarkerWriter {
     /// A producer id never handed out before: from the cluster's blocks in a
     /// cluster, this broker's own otherwise.
@@ -208,7 +212,7 @@ impl MarkerWriter {
         epoch: i16,
         commit: bool,
         coordinator_epoch: i32,
-    ) -> Result<(), Vec<((String, i32), i16)>> {
+    ) -> Result<(), Unmarked> {
         let mut failed = Vec::new();
         let local = |tp: &(String, i32)| {
             let tp = tp.clone();

@@ -633,7 +633,7 @@ impl Shard {
     }
 }
 
-fn log_unmarked(id: &str, marked: &Result<(), Vec<((String, i32), i16)>>) {
+fn log_unmarked(id: &str, marked: &Result<(), super::Unmarked>) {
     if let Err(failed) = marked {
         for ((topic, partition), e) in failed {
             tracing::error!(transactional_id = id, topic, partition, error = e, "transaction marker failed");
