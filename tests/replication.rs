@@ -366,3 +366,217 @@ async fn coordinators_carry_on_when_their_leader_stops() {
 fn txn_partition(id: &str) -> i32 {
     strand::group::records::partition_for(id, 50)
 }
+
+/// An ElectLeaders request, as `kafka-leader-election` sends it (v2), to
+/// broker `id`: `partitions` `None` is every partition.
+async fn elect_leaders(
+    cluster: &TestCluster,
+    id: i32,
+    election_type: i8,
+    partitions: Option<&[(&str, i32)]>,
+) -> kafka_protocol::messages::ElectLeadersResponse {
+    use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
+    use kafka_protocol::messages::{ElectLeadersRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let topic_partitions = partitions.map(|ps| {
+        ps.iter()
+            .map(|(t, p)| {
+                TopicPartitions::default()
+                    .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                    .with_partitions(vec![*p])
+            })
+            .collect()
+    });
+    let request = ElectLeadersRequest::default()
+        .with_election_type(election_type)
+        .with_timeout_ms(30_000)
+        .with_topic_partitions(topic_partitions);
+    RawConn::connect(cluster.addr(id)).await.call(&request, 2).await
+}
+
+/// (topic, partition) -> error code of an ElectLeaders response.
+fn election_codes(response: &kafka_protocol::messages::ElectLeadersResponse) -> BTreeMap<(String, i32), i16> {
+    response
+        .replica_election_results
+        .iter()
+        .flat_map(|t| t.partition_result.iter().map(|p| ((t.topic.0.to_string(), p.partition_id), p.error_code)))
+        .collect()
+}
+
+/// A replicated topic whose preferred leader of partition 0 was stopped,
+/// written to elsewhere, restarted and is back in every ISR; returns that
+/// broker. Partition 0 holds `p0-0` .. `p0-199`.
+async fn preferred_leader_back_in_sync(cluster: &mut TestCluster, topic: &str) -> i32 {
+    let bootstrap = cluster.bootstrap(1);
+    create_replicated(&bootstrap, topic, 3, "2").await;
+    let md = wait_for("every partition led with a full ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, topic);
+        async move { (md.len() == 3 && md.values().all(|(l, r, i)| *l == r[0] && i.len() == 3)).then_some(md) }
+    })
+    .await;
+    let preferred = md[&0].0;
+    let values: Vec<String> = (0..100).map(|i| format!("p0-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), topic, 0, &values).await, (0..100).collect::<Vec<i64>>());
+    cluster.stop(preferred).await;
+    let bootstrap = cluster.bootstrap(cluster.running()[0]);
+    wait_for("partition 0 led by another replica", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, topic);
+        async move { (md[&0].0 > 0 && md[&0].0 != preferred).then_some(()) }
+    })
+    .await;
+    let values: Vec<String> = (100..200).map(|i| format!("p0-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), topic, 0, &values).await, (100..200).collect::<Vec<i64>>());
+    cluster.restart(preferred).await;
+    cluster.wait_ready(READY).await;
+    wait_for("the restarted replica back in every ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, topic);
+        async move { md.values().all(|(_, _, isr)| isr.len() == 3).then_some(()) }
+    })
+    .await;
+    preferred
+}
+
+/// Goal: with `auto.leader.rebalance.enable=false` a partition whose
+/// preferred replica came back stays led by another until ElectLeaders
+/// (PREFERRED, as `kafka-leader-election` sends it) moves it, with
+/// Kafka's per-partition answers; librdkafka then writes to and reads from
+/// the preferred leader with every record once, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn elect_leaders_gives_partitions_back_to_their_preferred_replicas() {
+    let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
+    cluster.wait_ready(READY).await;
+    let preferred = preferred_leader_back_in_sync(&mut cluster, "elect").await;
+    let other = *cluster.running().iter().find(|b| **b != preferred).unwrap();
+    let bootstrap = cluster.bootstrap(other);
+    let md = partition_metadata(&bootstrap, "elect");
+    let moved: Vec<i32> = md.iter().filter(|(_, (l, r, _))| *l != r[0]).map(|(p, _)| *p).collect();
+    assert!(moved.contains(&0), "not rebalanced by itself: {md:?}");
+
+    // Every partition: only those whose election was needed are answered.
+    let response = elect_leaders(&cluster, other, 0, None).await;
+    assert_eq!(response.error_code, 0);
+    let codes = election_codes(&response);
+    let elected: Vec<i32> = codes
+        .iter()
+        .filter(|((t, _), _)| t == "elect")
+        .map(|((_, p), c)| (*p, *c))
+        .map(|(p, c)| {
+            assert_eq!(c, 0, "partition {p}: {response:?}");
+            p
+        })
+        .collect();
+    assert_eq!(elected, moved, "{response:?}");
+    wait_for("every partition led by its preferred replica", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "elect");
+        async move { md.values().all(|(l, r, isr)| *l == r[0] && isr.len() == 3).then_some(()) }
+    })
+    .await;
+
+    // Named partitions: not needed now (84), and unknown (3).
+    let response = elect_leaders(&cluster, other, 0, Some(&[("elect", 0), ("elect", 9)])).await;
+    let codes = election_codes(&response);
+    assert_eq!(codes[&("elect".to_string(), 0)], 84, "ELECTION_NOT_NEEDED: {response:?}");
+    assert_eq!(codes[&("elect".to_string(), 9)], 3, "UNKNOWN_TOPIC_OR_PARTITION: {response:?}");
+    // An unclean election of a partition that has a leader is not needed either.
+    let response = elect_leaders(&cluster, other, 1, Some(&[("elect", 0)])).await;
+    assert_eq!(election_codes(&response)[&("elect".to_string(), 0)], 84, "{response:?}");
+
+    let values: Vec<String> = (200..300).map(|i| format!("p0-{i}")).collect();
+    let offsets = send_all(&producer(&cluster.bootstrap(preferred)), "elect", 0, &values).await;
+    assert_eq!(offsets, (200..300).collect::<Vec<i64>>());
+    let read = read_partition(&bootstrap, "elect", 0, 300);
+    let expected: Vec<(i64, String)> = (0..300).map(|i| (i, format!("p0-{i}"))).collect();
+    assert_eq!(read, expected, "every acknowledged record once, in order");
+    cluster.shutdown().await;
+}
+
+/// Goal: with `auto.leader.rebalance.enable` (the default) and a short
+/// `leader.imbalance.check.interval.seconds`, the controller gives a
+/// partition back to its preferred replica once it is in sync again, by
+/// itself; nothing acknowledged is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn preferred_leaders_return_by_themselves() {
+    let mut cluster = TestCluster::start(3, &["leader.imbalance.check.interval.seconds=1"]).await;
+    cluster.wait_ready(READY).await;
+    let preferred = preferred_leader_back_in_sync(&mut cluster, "rebalanced").await;
+    let bootstrap = cluster.bootstrap(preferred);
+    wait_for("every partition led by its preferred replica", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "rebalanced");
+        async move { md.values().all(|(l, r, _)| *l == r[0]).then_some(()) }
+    })
+    .await;
+    let read = read_partition(&bootstrap, "rebalanced", 0, 200);
+    let expected: Vec<(i64, String)> = (0..200).map(|i| (i, format!("p0-{i}"))).collect();
+    assert_eq!(read, expected);
+    cluster.shutdown().await;
+}
+
+/// Goal: a partition whose only ISR member is gone gets a leader only when
+/// asked (ElectLeaders UNCLEAN): the first live replica, alone in the ISR,
+/// which takes writes at once; the old leader, back, cuts its divergent
+/// tail where the new leader's epochs say, catches up and rejoins, its log
+/// byte-identical to the new leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
+    let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(3);
+    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
+    let topic = NewTopic::new("unclean", 1, TopicReplication::Variable(&[&[1, 2]])).set("min.insync.replicas", "1");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
+        r.expect("topic created");
+    }
+    wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "unclean");
+        async move { (md[&0] == (1, vec![1, 2], vec![1, 2])).then_some(()) }
+    })
+    .await;
+    // Broker 2 stops; broker 1, alone in the ISR, takes ten records; then it stops too.
+    cluster.stop(2).await;
+    wait_for("broker 2 out of the ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "unclean");
+        async move { (md[&0].2 == vec![1]).then_some(()) }
+    })
+    .await;
+    let lost: Vec<String> = (0..10).map(|i| format!("old-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "unclean", 0, &lost).await, (0..10).collect::<Vec<i64>>());
+    cluster.stop(1).await;
+    cluster.restart(2).await;
+    wait_for("the partition without a leader, broker 2 up", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "unclean");
+        let up = cluster.state(3).cluster().unwrap().image().brokers.get(&2).is_some_and(|b| b.is_active());
+        async move { (up && md[&0].0 == -1).then_some(()) }
+    })
+    .await;
+    // A preferred election cannot help (broker 1 is gone); an unclean one can.
+    let response = elect_leaders(&cluster, 3, 0, Some(&[("unclean", 0)])).await;
+    assert_eq!(
+        election_codes(&response)[&("unclean".to_string(), 0)],
+        80,
+        "PREFERRED_LEADER_NOT_AVAILABLE: {response:?}"
+    );
+    let response = elect_leaders(&cluster, 3, 1, Some(&[("unclean", 0)])).await;
+    assert_eq!(election_codes(&response)[&("unclean".to_string(), 0)], 0, "{response:?}");
+    wait_for("broker 2 leading alone", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "unclean");
+        async move { (md[&0].0 == 2 && md[&0].2 == vec![2]).then_some(()) }
+    })
+    .await;
+    let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "unclean", 0, &kept).await, (0..5).collect::<Vec<i64>>());
+
+    // Broker 1 returns: its ten records are not the log any more.
+    cluster.restart(1).await;
+    wait_for("broker 1 back in the ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "unclean");
+        async move { (md[&0].0 == 2 && md[&0].2.len() == 2).then_some(()) }
+    })
+    .await;
+    let read = read_partition(&bootstrap, "unclean", 0, 5);
+    assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
+    let end = cluster.state(2).replicas.partition("unclean", 0).unwrap().high_watermark();
+    assert_eq!(end, 5);
+    assert!(log_bytes(&cluster, 1, "unclean", 0, end) == log_bytes(&cluster, 2, "unclean", 0, end), "logs differ");
+    cluster.shutdown().await;
+}

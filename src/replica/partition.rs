@@ -361,10 +361,12 @@ impl Partition {
             }
             let leo = log.log_end_offset();
             let mut state = self.lock_state();
-            if state.on_truncate(leo) {
-                tracing::warn!(topic = %self.topic, partition = self.index, log_end = leo, "truncated below the high watermark (an unclean leader?)");
-            }
+            let lowered = state.on_truncate(leo);
             drop(state);
+            if lowered {
+                tracing::warn!(topic = %self.topic, partition = self.index, log_end = leo, "truncated below the high watermark (an unclean leader election)");
+                self.lower_high_watermark(leo);
+            }
             self.log_end.send_replace(leo);
             Ok(leo)
         })
@@ -375,7 +377,9 @@ impl Partition {
     pub fn restart_at(&self, log_start_offset: i64) -> Result<(), PartitionError> {
         self.with_log(|log| {
             log.truncate_fully_and_start_at(log_start_offset)?;
-            self.lock_state().on_truncate(log_start_offset);
+            if self.lock_state().on_truncate(log_start_offset) {
+                self.lower_high_watermark(log_start_offset);
+            }
             self.log_end.send_replace(log_start_offset);
             Ok(())
         })
@@ -526,6 +530,17 @@ impl Partition {
             let moved = hw > *current;
             *current = hw;
             moved
+        });
+    }
+
+    /// The one way a high watermark goes back: a follower of a leader
+    /// elected uncleanly cut its log below it, and what was there is gone
+    /// from the partition (Kafka does the same). Never on a leader.
+    fn lower_high_watermark(&self, hw: i64) {
+        self.high_watermark.send_if_modified(|current| {
+            let lowered = hw < *current;
+            *current = (*current).min(hw);
+            lowered
         });
     }
 
