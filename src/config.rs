@@ -94,6 +94,9 @@ pub struct BrokerConfig {
     pub log: LogConfig,
     pub log_cleanup_policy: String,
     pub min_insync_replicas: i32,
+    /// `unclean.leader.election.enable` (false): whether a partition whose
+    /// whole ISR is gone is given to a replica outside it (losing data).
+    pub unclean_leader_election_enable: bool,
     pub log_retention_check_interval_ms: u64,
     /// `log.flush.offset.checkpoint.interval.ms`: how often unflushed data is
     /// fsynced in the background and the recovery point persisted, so a
@@ -167,6 +170,9 @@ pub struct QuorumSettings {
     /// `leader.imbalance.check.interval.seconds` (300) in ms while
     /// `auto.leader.rebalance.enable` (true); `None` when that is false.
     pub leader_rebalance_interval_ms: Option<u64>,
+    /// `unclean.leader.election.enable`, for the controller (see
+    /// [`BrokerConfig::unclean_leader_election_enable`]).
+    pub unclean_leader_election: bool,
     /// Seeds the controller's ids (topic ids, hence placement) so a test
     /// run repeats; not a server.properties key (random when `None`).
     pub seed: Option<u64>,
@@ -268,6 +274,7 @@ impl Default for BrokerConfig {
             log: LogConfig::default(),
             log_cleanup_policy: "delete".into(),
             min_insync_replicas: 1,
+            unclean_leader_election_enable: false,
             log_retention_check_interval_ms: 300_000,
             log_flush_offset_checkpoint_interval_ms: 60_000,
             scrub: ScrubConfig::default(),
@@ -444,6 +451,9 @@ impl BrokerConfig {
                 }
                 "min.insync.replicas" => {
                     config.min_insync_replicas = parse_int(value, 1, i32::MAX as i64).map_err(invalid)? as i32
+                }
+                "unclean.leader.election.enable" => {
+                    config.unclean_leader_election_enable = parse_bool(value).map_err(invalid)?
                 }
                 "socket.request.max.bytes" => {
                     config.socket_request_max_bytes = parse_int(value, 1024, i32::MAX as i64).map_err(invalid)? as usize
@@ -654,6 +664,7 @@ impl BrokerConfig {
                 session_timeout_ms,
                 metadata_log_dir: metadata_log_dir.unwrap_or_else(|| config.log_dir.clone()),
                 leader_rebalance_interval_ms: auto_leader_rebalance.then_some(leader_imbalance_check_interval_ms),
+                unclean_leader_election: config.unclean_leader_election_enable,
                 seed: None,
             });
         } else if let Some((r, at)) = roles {

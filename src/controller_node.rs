@@ -53,6 +53,7 @@ impl ControllerNode {
         let mut settings = DriverSettings::new(config.node_id, quorum.voters.clone(), dir.clone());
         settings.session_timeout_ms = quorum.session_timeout_ms;
         settings.leader_rebalance_interval_ms = quorum.leader_rebalance_interval_ms;
+        settings.unclean_leader_election = quorum.unclean_leader_election;
         settings.expected_cluster_id = meta.cluster_id.clone();
         if let Some(seed) = quorum.seed {
             settings.seed = seed;

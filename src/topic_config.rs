@@ -126,6 +126,12 @@ pub const TOPIC_CONFIGS: &[TopicConfigKey] = &[
         config_type: ConfigType::Long,
         doc: "age at which the log rolls",
     },
+    TopicConfigKey {
+        name: "unclean.leader.election.enable",
+        broker_synonym: "unclean.leader.election.enable",
+        config_type: ConfigType::Boolean,
+        doc: "give a partition whose whole ISR is gone to another replica, losing what only the ISR had",
+    },
 ];
 
 /// Broker keys that IncrementalAlterConfigs may change at run time (cluster
@@ -170,6 +176,7 @@ pub fn validate_topic_value(name: &str, value: &str) -> Result<String, String> {
         "index.interval.bytes" => parse_int(v, 0, i32::MAX as i64)?.to_string(),
         "max.message.bytes" => parse_int(v, 0, i32::MAX as i64)?.to_string(),
         "min.insync.replicas" => parse_int(v, 1, i32::MAX as i64)?.to_string(),
+        "unclean.leader.election.enable" => crate::config::parse_bool(v)?.to_string(),
         "retention.bytes" | "retention.ms" => parse_int(v, -1, i64::MAX)?.to_string(),
         "segment.bytes" => parse_int(v, 14, i32::MAX as i64)?.to_string(),
         "segment.index.bytes" => parse_int(v, 4096, i32::MAX as i64)?.to_string(),
@@ -219,6 +226,7 @@ pub fn broker_value(broker: &BrokerConfig, dynamic: &DynamicBrokerConfigs, synon
         "log.index.interval.bytes" => l.index_interval_bytes.to_string(),
         "message.max.bytes" => l.max_batch_bytes.to_string(),
         "min.insync.replicas" => broker.min_insync_replicas.to_string(),
+        "unclean.leader.election.enable" => broker.unclean_leader_election_enable.to_string(),
         "log.retention.bytes" => l.retention_bytes.to_string(),
         "log.retention.ms" => l.retention_ms.to_string(),
         "log.segment.bytes" => l.segment_bytes.to_string(),

@@ -198,7 +198,12 @@ struct Sim {
 impl Sim {
     fn new(seed: u64) -> Sim {
         let controller = ControllerCore::new(
-            CoreSettings { session_timeout_ms: SESSION_MS, leader_rebalance_interval_ms: Some(REBALANCE_MS), seed },
+            CoreSettings {
+                session_timeout_ms: SESSION_MS,
+                leader_rebalance_interval_ms: Some(REBALANCE_MS),
+                unclean_leader_election: false,
+                seed,
+            },
             ClusterImage::default(),
         );
         let mut sim = Sim {

@@ -234,6 +234,10 @@ pub struct CoreSettings {
     /// another replica than their preferred one get it back
     /// ([`ControllerCore::balance_leaders`]); `None` when off.
     pub leader_rebalance_interval_ms: Option<u64>,
+    /// `unclean.leader.election.enable` of this node's server.properties:
+    /// the value for topics that set none when no cluster-wide dynamic
+    /// default does either.
+    pub unclean_leader_election: bool,
     /// Seeds the ids the core makes up (topic ids, hence placement, and
     /// proposal ids): the core does no I/O and takes no randomness from
     /// outside, so the same seed and inputs give the same decisions. The
@@ -593,8 +597,9 @@ impl ControllerCore {
     ) -> Vec<MetadataRecord> {
         let mut out = Vec::new();
         for t in self.image.topics.values() {
+            let unclean = self.unclean_leader_election(&t.name);
             for (p, reg) in t.partitions.iter().filter(|(_, reg)| selected(reg)) {
-                if let Some((leader, isr)) = settle(reg, &active) {
+                if let Some((leader, isr)) = settle(reg, &active, unclean) {
                     out.push(MetadataRecord::PartitionChange {
                         topic_id: t.id,
                         partition: *p,
@@ -606,6 +611,17 @@ impl ControllerCore {
             }
         }
         out
+    }
+
+    /// `unclean.leader.election.enable` for topic `name`: its own setting,
+    /// else the cluster-wide dynamic default, else this node's file.
+    fn unclean_leader_election(&self, name: &str) -> bool {
+        const KEY: &str = "unclean.leader.election.enable";
+        let set = self.image.topic_configs.get(name).and_then(|c| c.get(KEY));
+        match set.or_else(|| self.image.broker_default_configs.get(KEY)) {
+            Some(value) => value == "true",
+            None => self.settings.unclean_leader_election,
+        }
     }
 
     fn is_active(&self, broker: i32) -> bool {
@@ -786,14 +802,9 @@ impl ControllerCore {
                 if reg.leader != NO_LEADER {
                     return Err(ElectionError::ElectionNotNeeded);
                 }
-                match settle(reg, |b| self.is_active(b)) {
+                match settle(reg, |b| self.is_active(b), true) {
                     Some((Some(leader), isr)) if leader != NO_LEADER => (leader, isr),
-                    _ => {
-                        let leader = reg.replicas.iter().copied().find(|b| self.is_active(*b)).ok_or_else(|| {
-                            ElectionError::EligibleLeadersNotAvailable { replicas: reg.replicas.clone() }
-                        })?;
-                        (leader, Some(vec![leader]))
-                    }
+                    _ => return Err(ElectionError::EligibleLeadersNotAvailable { replicas: reg.replicas.clone() }),
                 }
             }
         };
@@ -949,18 +960,30 @@ fn same_members(a: &[i32], b: &[i32]) -> bool {
 /// it can lead again when it comes back and no data is lost). A leader that
 /// is inactive or out of the ISR, or no leader, is replaced by the first
 /// replica, in replica order, that is an active ISR member (so the preferred
-/// replica when it can), or none (-1, offline).
-fn settle(reg: &PartitionRegistration, active: impl Fn(i32) -> bool) -> Option<(Option<i32>, Option<Vec<i32>>)> {
+/// replica when it can), or none (-1, offline); with `unclean` (the topic's
+/// `unclean.leader.election.enable`) none becomes the first active replica,
+/// alone in the ISR.
+fn settle(
+    reg: &PartitionRegistration,
+    active: impl Fn(i32) -> bool,
+    unclean: bool,
+) -> Option<(Option<i32>, Option<Vec<i32>>)> {
     let mut isr: Vec<i32> = reg.isr.iter().copied().filter(|b| active(*b)).collect();
     if isr.is_empty() {
         let last = if reg.isr.contains(&reg.leader) { reg.leader } else { reg.isr.first().copied()? };
         isr.push(last);
     }
-    let leader = if isr.contains(&reg.leader) && active(reg.leader) {
+    let mut leader = if isr.contains(&reg.leader) && active(reg.leader) {
         reg.leader
     } else {
         reg.replicas.iter().copied().find(|r| isr.contains(r) && active(*r)).unwrap_or(NO_LEADER)
     };
+    if leader == NO_LEADER && unclean {
+        if let Some(r) = reg.replicas.iter().copied().find(|r| active(*r)) {
+            leader = r;
+            isr = vec![r];
+        }
+    }
     let leader = (leader != reg.leader).then_some(leader);
     let isr = (isr != reg.isr).then_some(isr);
     (leader.is_some() || isr.is_some()).then_some((leader, isr))
@@ -998,8 +1021,12 @@ mod tests {
 
         /// With automatic preferred-leader elections every `interval_ms`.
         fn rebalancing(interval_ms: Option<u64>) -> Harness {
-            let settings =
-                CoreSettings { session_timeout_ms: 9000, leader_rebalance_interval_ms: interval_ms, seed: 7 };
+            let settings = CoreSettings {
+                session_timeout_ms: 9000,
+                leader_rebalance_interval_ms: interval_ms,
+                unclean_leader_election: false,
+                seed: 7,
+            };
             Harness {
                 core: ControllerCore::new(settings, ClusterImage::default()),
                 offset: 0,
@@ -1394,14 +1421,19 @@ mod tests {
             partition_epoch: 5,
         };
         let up = |ids: &'static [i32]| move |b: i32| ids.contains(&b);
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![1, 2, 3], 2), up(&[1, 2, 3])), None);
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 2], 3), up(&[1, 2])), Some((Some(2), Some(vec![2]))));
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![1, 2, 3], 2), up(&[1, 2, 3]), false), None);
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 2], 3), up(&[1, 2]), false), Some((Some(2), Some(vec![2]))));
         // The preferred replica wins over ISR order.
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 1, 2], 3), up(&[1, 2])), Some((Some(1), Some(vec![1, 2]))));
+        assert_eq!(
+            settle(&reg(vec![1, 2, 3], vec![3, 1, 2], 3), up(&[1, 2]), false),
+            Some((Some(1), Some(vec![1, 2])))
+        );
         // Nobody active: the leader stays as the one member; then nothing changes.
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![2, 3], 3), up(&[])), Some((Some(NO_LEADER), Some(vec![3]))));
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[1, 2])), None);
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[3])), Some((Some(3), None)));
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![2, 3], 3), up(&[]), false), Some((Some(NO_LEADER), Some(vec![3]))));
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[1, 2]), false), None);
+        // Unclean: the first active replica, alone in the ISR.
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[2, 1]), true), Some((Some(1), Some(vec![1]))));
+        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[3]), false), Some((Some(3), None)));
     }
 
     #[test]
@@ -1501,7 +1533,12 @@ mod tests {
         let epochs: Vec<i64> = (1..=3).map(|b| h.register(b, 0)).collect();
         // Failover: a fresh core over the same image; broker 3 died just before.
         h.core = ControllerCore::new(
-            CoreSettings { session_timeout_ms: 9000, leader_rebalance_interval_ms: None, seed: 7 },
+            CoreSettings {
+                session_timeout_ms: 9000,
+                leader_rebalance_interval_ms: None,
+                unclean_leader_election: false,
+                seed: 7,
+            },
             h.core.image().clone(),
         );
         for b in [1, 2] {
@@ -1693,6 +1730,45 @@ mod tests {
         assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Ok(())), result("v", 0, Err(none_active))]));
         let reg = partition(&h, "u", 0);
         assert_eq!((reg.leader, reg.isr, reg.leader_epoch), (2, vec![2], 2));
+    }
+
+    #[test]
+    fn unclean_leader_election_enable_elects_outside_the_isr_by_itself() {
+        let mut h = Harness::new();
+        let epochs: BTreeMap<i32, i64> = (1..=2).map(|b| (b, h.register(b, 0))).collect();
+        for (name, unclean) in [("w", true), ("u", false)] {
+            let configs = if unclean {
+                BTreeMap::from([("unclean.leader.election.enable".to_string(), "true".to_string())])
+            } else {
+                BTreeMap::new()
+            };
+            let create = Request::CreateTopic {
+                name: name.into(),
+                partitions: -1,
+                replication_factor: -1,
+                configs,
+                assignment: Some(vec![vec![1, 2]]),
+            };
+            assert!(matches!(h.call(create, 0), Reply::TopicCreated { .. }));
+            let request = alter(&h, 1, name, 0, vec![1]);
+            assert!(matches!(h.call(request, 0), Reply::PartitionAltered { .. }));
+        }
+        // Broker 1, the whole ISR of both, is fenced: "w" goes to broker 2
+        // in the same batch; "u" waits offline for broker 1.
+        run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
+        let w = partition(&h, "w", 0);
+        assert_eq!((w.leader, w.isr), (2, vec![2]));
+        let u = partition(&h, "u", 0);
+        assert_eq!((u.leader, u.isr), (NO_LEADER, vec![1]));
+        // The cluster-wide dynamic default turns it on for "u" too, at the next repair.
+        let on = Request::AlterConfigs {
+            resource: ConfigResource::BrokerDefault,
+            changes: vec![("unclean.leader.election.enable".into(), Some("true".into()))],
+        };
+        assert_eq!(h.call(on, 10_000), Reply::ConfigsAltered);
+        run_sessions(&mut h, &epochs, &[1], 11_000, 12_000);
+        let u = partition(&h, "u", 0);
+        assert_eq!((u.leader, u.isr), (2, vec![2]));
     }
 
     #[test]

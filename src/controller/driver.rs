@@ -49,6 +49,8 @@ pub struct DriverSettings {
     pub session_timeout_ms: u64,
     /// See [`CoreSettings::leader_rebalance_interval_ms`].
     pub leader_rebalance_interval_ms: Option<u64>,
+    /// See [`CoreSettings::unclean_leader_election`].
+    pub unclean_leader_election: bool,
     /// Raft's logical clock.
     pub tick: Duration,
     pub quorum: QuorumConfig,
@@ -73,6 +75,7 @@ impl DriverSettings {
             metadata_log_dir,
             session_timeout_ms: 9000,
             leader_rebalance_interval_ms: Some(300_000),
+            unclean_leader_election: false,
             tick: Duration::from_millis(50),
             quorum: QuorumConfig::default(),
             snapshot_bytes: 16 << 20,
@@ -93,6 +96,7 @@ fn core_settings(settings: &DriverSettings, term: u64, offset: u64) -> CoreSetti
     CoreSettings {
         session_timeout_ms: settings.session_timeout_ms,
         leader_rebalance_interval_ms: settings.leader_rebalance_interval_ms,
+        unclean_leader_election: settings.unclean_leader_election,
         seed: std::hash::Hasher::finish(&h),
     }
 }

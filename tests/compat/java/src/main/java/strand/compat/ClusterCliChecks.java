@@ -21,15 +21,17 @@ import org.apache.kafka.clients.admin.Admin;
  */
 final class ClusterCliChecks {
     static final String C = "kafka-cli-cluster";
-    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "replica-assignment", "cluster-id", "features"};
+    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "replica-assignment", "leader-election", "cluster-id", "features"};
     static final String QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand";
     static final String CLUSTER = "org.apache.kafka.tools.ClusterTool";
     static final String FEATURES = "org.apache.kafka.tools.FeatureCommand";
+    static final String ELECTION = "org.apache.kafka.tools.LeaderElectionCommand";
 
     static void runAll() {
         Main.capability(C, "metadata-quorum", new int[] {55}, ClusterCliChecks::metadataQuorum);
         Main.capability(C, "topics-leaders", null, ClusterCliChecks::topicsLeaders);
         Main.capability(C, "replica-assignment", null, ClusterCliChecks::replicaAssignment);
+        Main.capability(C, "leader-election", new int[] {43}, ClusterCliChecks::leaderElection);
         Main.capability(C, "cluster-id", null, ClusterCliChecks::clusterId);
         Main.capability(C, "features", null, ClusterCliChecks::features);
     }
@@ -126,6 +128,45 @@ final class ClusterCliChecks {
                 "an assignment to an unknown broker: %s", bad.summary());
         tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
         return "--replica-assignment " + spec + " led as assigned; an unknown broker refused (InvalidReplicaAssignment)";
+    }
+
+    /**
+     * kafka-leader-election on partitions of three replicas led by their
+     * preferred replica: nothing to elect (PREFERRED or UNCLEAN), and an
+     * unknown partition refused. (Moving a leader back needs a broker
+     * restart; tests/replication.rs does that through the same API.)
+     */
+    static String leaderElection() throws Exception {
+        String t = CliChecks.prefix + "-cluster-election";
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--create", "--topic", t,
+                "--partitions", "2", "--replication-factor", "3").ok();
+        String describeOut = "";
+        for (int i = 0; i < 100; i++) {
+            describeOut = tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--describe", "--topic", t).ok().out();
+            Matcher m = Pattern.compile("Leader: (\\d+)\tReplicas: (\\d+),\\d+,\\d+\tIsr: \\d+,\\d+,\\d+").matcher(describeOut);
+            int led = 0;
+            while (m.find()) if (m.group(1).equals(m.group(2))) led++;
+            if (led == 2) break;
+            Thread.sleep(100);
+        }
+        for (String type : new String[] {"preferred", "unclean"}) {
+            CliChecks.Run r = tool(ELECTION, null, 60, "--bootstrap-server", bs(), "--election-type", type,
+                    "--topic", t, "--partition", "0").ok();
+            check(r.out().contains("Valid replica already elected for partitions " + t + "-0"),
+                    "--election-type %s on a partition its preferred replica leads: %s (topic: %s)", type,
+                    r.summary(), describeOut.strip());
+        }
+        CliChecks.Run all = tool(ELECTION, null, 60, "--bootstrap-server", bs(), "--election-type", "preferred",
+                "--all-topic-partitions").ok();
+        check(!all.out().contains(t + "-"), "--all-topic-partitions named a balanced partition: %s", all.summary());
+        CliChecks.Run unknown = tool(ELECTION, null, 60, "--bootstrap-server", bs(), "--election-type", "preferred",
+                "--topic", t, "--partition", "9");
+        String said = unknown.out() + unknown.err();
+        check(unknown.rc() != 0 && said.contains("UnknownTopicOrPartition"), "an unknown partition: %s",
+                unknown.summary());
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
+        return "preferred and unclean elections of a balanced partition: \"Valid replica already elected\"; "
+                + "--all-topic-partitions: nothing to elect; an unknown partition refused (UnknownTopicOrPartition)";
     }
 
     static String clusterId() throws Exception {
