@@ -142,6 +142,18 @@ pub fn is_dynamic_broker_key(key: &str) -> bool {
         .any(|k| k.broker_synonym == key && k.name != "compression.type" && k.name != "message.timestamp.type")
 }
 
+/// Kafka's replication throttles (topic and broker keys), which Strand does
+/// not implement: setting one is refused, naming why, and deleting one is
+/// a no-op, because `kafka-reassign-partitions --verify` deletes them all
+/// when a reassignment is done, whether it set them or not.
+pub const REPLICATION_THROTTLE_KEYS: &[&str] = &[
+    "leader.replication.throttled.replicas",
+    "follower.replication.throttled.replicas",
+    "leader.replication.throttled.rate",
+    "follower.replication.throttled.rate",
+    "replica.alter.log.dirs.io.max.bytes.per.second",
+];
+
 pub fn topic_key(name: &str) -> Option<&'static TopicConfigKey> {
     TOPIC_CONFIGS.iter().find(|k| k.name == name)
 }

@@ -580,3 +580,141 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
     assert!(log_bytes(&cluster, 1, "unclean", 0, end) == log_bytes(&cluster, 2, "unclean", 0, end), "logs differ");
     cluster.shutdown().await;
 }
+
+/// An AlterPartitionReassignments request (v1, as Kafka 4.1's admin client
+/// sends it) to broker `id`: each partition's target, or `None` to cancel.
+async fn reassign(
+    cluster: &TestCluster,
+    id: i32,
+    partitions: &[(&str, i32, Option<&[i32]>)],
+) -> BTreeMap<(String, i32), i16> {
+    use kafka_protocol::messages::alter_partition_reassignments_request::{ReassignablePartition, ReassignableTopic};
+    use kafka_protocol::messages::{AlterPartitionReassignmentsRequest, BrokerId, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let topics = partitions
+        .iter()
+        .map(|(t, p, target)| {
+            let replicas = target.map(|r| r.iter().map(|b| BrokerId(*b)).collect());
+            ReassignableTopic::default().with_name(TopicName(StrBytes::from_string(t.to_string()))).with_partitions(
+                vec![ReassignablePartition::default().with_partition_index(*p).with_replicas(replicas)],
+            )
+        })
+        .collect();
+    let request = AlterPartitionReassignmentsRequest::default()
+        .with_timeout_ms(30_000)
+        .with_allow_replication_factor_change(true)
+        .with_topics(topics);
+    let response: kafka_protocol::messages::AlterPartitionReassignmentsResponse =
+        RawConn::connect(cluster.addr(id)).await.call(&request, 1).await;
+    assert_eq!(response.error_code, 0, "{response:?}");
+    response
+        .responses
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(|p| ((t.name.0.to_string(), p.partition_index), p.error_code)))
+        .collect()
+}
+
+/// ListPartitionReassignments of every partition, from broker `id`:
+/// (topic, partition) -> (replicas, adding, removing).
+async fn reassignments(cluster: &TestCluster, id: i32) -> BTreeMap<(String, i32), (Vec<i32>, Vec<i32>, Vec<i32>)> {
+    use kafka_protocol::messages::ListPartitionReassignmentsRequest;
+    let request = ListPartitionReassignmentsRequest::default().with_timeout_ms(30_000).with_topics(None);
+    let response: kafka_protocol::messages::ListPartitionReassignmentsResponse =
+        RawConn::connect(cluster.addr(id)).await.call(&request, 0).await;
+    assert_eq!(response.error_code, 0, "{response:?}");
+    let ids = |v: &[kafka_protocol::messages::BrokerId]| v.iter().map(|b| b.0).collect::<Vec<i32>>();
+    response
+        .topics
+        .iter()
+        .flat_map(|t| {
+            t.partitions.iter().map(|p| {
+                let state = (ids(&p.replicas), ids(&p.adding_replicas), ids(&p.removing_replicas));
+                ((t.name.0.to_string(), p.partition_index), state)
+            })
+        })
+        .collect()
+}
+
+/// Goal: AlterPartitionReassignments moves a replica, the leader's, to a
+/// broker that had none: the new replica catches up and joins the ISR
+/// before the old one leaves (and deletes its copy), leadership moves to
+/// the target, and librdkafka reads every acknowledged record once, in
+/// order, and writes on. A reassignment to a stopped broker stays in
+/// progress (listed, the partition led all along) until cancelled, which
+/// puts the replicas back; bad targets get Kafka's codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reassignment_moves_a_replica_and_a_cancelled_one_goes_back() {
+    let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(3);
+    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
+    let topic = NewTopic::new("moved", 1, TopicReplication::Variable(&[&[1, 2]])).set("min.insync.replicas", "1");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
+        r.expect("topic created");
+    }
+    wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "moved");
+        async move { (md[&0] == (1, vec![1, 2], vec![1, 2])).then_some(()) }
+    })
+    .await;
+    let first: Vec<String> = (0..200).map(|i| format!("v-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "moved", 0, &first).await, (0..200).collect::<Vec<i64>>());
+
+    // Move the leader's replica from broker 1 to broker 3.
+    let codes = reassign(&cluster, 3, &[("moved", 0, Some(&[3, 2]))]).await;
+    assert_eq!(codes[&("moved".to_string(), 0)], 0, "{codes:?}");
+    let image = |cluster: &TestCluster| cluster.state(3).cluster().unwrap().image();
+    wait_for("the reassignment to complete", READY, Duration::from_millis(50), || {
+        let p = image(&cluster).partition("moved", 0).cloned().unwrap();
+        async move { (!p.is_reassigning() && p.replicas == vec![3, 2]).then_some(()) }
+    })
+    .await;
+    let p = image(&cluster).partition("moved", 0).cloned().unwrap();
+    let mut isr = p.isr.clone();
+    isr.sort_unstable();
+    assert_eq!((p.leader, isr), (3, vec![2, 3]), "leadership moved to the target with both in sync: {p:?}");
+    assert!(reassignments(&cluster, 2).await.is_empty());
+    wait_for("broker 1 to drop its copy", READY, Duration::from_millis(50), || {
+        let gone = cluster.state(1).replicas.partition("moved", 0).is_none();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    let read = read_partition(&bootstrap, "moved", 0, 200);
+    assert_eq!(read, first.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
+    let end = cluster.state(3).replicas.partition("moved", 0).unwrap().high_watermark();
+    assert_eq!(end, 200);
+    assert!(log_bytes(&cluster, 3, "moved", 0, end) == log_bytes(&cluster, 2, "moved", 0, end), "logs differ");
+    let more: Vec<String> = (200..250).map(|i| format!("v-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "moved", 0, &more).await, (200..250).collect::<Vec<i64>>());
+
+    // Bad requests.
+    let codes =
+        reassign(&cluster, 2, &[("moved", 0, Some(&[3, 9])), ("moved", 7, Some(&[3])), ("moved", 0, Some(&[]))]).await;
+    assert_eq!(codes[&("moved".to_string(), 7)], 3, "UNKNOWN_TOPIC_OR_PARTITION: {codes:?}");
+    assert_eq!(codes[&("moved".to_string(), 0)], 39, "INVALID_REPLICA_ASSIGNMENT: {codes:?}");
+    let codes = reassign(&cluster, 2, &[("moved", 0, None)]).await;
+    assert_eq!(codes[&("moved".to_string(), 0)], 85, "NO_REASSIGNMENT_IN_PROGRESS: {codes:?}");
+
+    // A reassignment adding a stopped broker waits, listed, the partition led.
+    cluster.stop(1).await;
+    let codes = reassign(&cluster, 2, &[("moved", 0, Some(&[1, 3, 2]))]).await;
+    assert_eq!(codes[&("moved".to_string(), 0)], 0, "{codes:?}");
+    let ongoing = reassignments(&cluster, 2).await;
+    assert_eq!(ongoing[&("moved".to_string(), 0)], (vec![1, 3, 2], vec![1], vec![]), "{ongoing:?}");
+    let during: Vec<String> = (250..260).map(|i| format!("v-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "moved", 0, &during).await, (250..260).collect::<Vec<i64>>());
+    assert_eq!(image(&cluster).partition("moved", 0).unwrap().leader, 3);
+    let codes = reassign(&cluster, 3, &[("moved", 0, None)]).await;
+    assert_eq!(codes[&("moved".to_string(), 0)], 0, "{codes:?}");
+    let p = image(&cluster).partition("moved", 0).cloned().unwrap();
+    assert_eq!((p.replicas.as_slice(), p.leader, p.is_reassigning()), (&[3, 2][..], 3, false), "{p:?}");
+    assert!(reassignments(&cluster, 3).await.is_empty());
+    cluster.restart(1).await;
+    cluster.wait_ready(READY).await;
+    let read = read_partition(&bootstrap, "moved", 0, 260);
+    assert_eq!(read.len(), 260);
+    assert!(read.iter().enumerate().all(|(i, (o, v))| *o == i as i64 && *v == format!("v-{i}")));
+    assert!(cluster.state(1).replicas.partition("moved", 0).is_none(), "broker 1 is not a replica after the cancel");
+    cluster.shutdown().await;
+}

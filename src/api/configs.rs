@@ -219,7 +219,11 @@ fn apply_ops(
     validate: impl Fn(&str, &str) -> Result<String, String>,
     is_list: impl Fn(&str) -> bool,
 ) -> Result<BTreeMap<String, String>, String> {
-    let is_known = |name: &str| topic_config::topic_key(name).is_some() || topic_config::is_dynamic_broker_key(name);
+    let is_known = |name: &str| {
+        topic_config::topic_key(name).is_some()
+            || topic_config::is_dynamic_broker_key(name)
+            || topic_config::REPLICATION_THROTTLE_KEYS.contains(&name)
+    };
     let mut next = current.clone();
     let mut seen = std::collections::HashSet::new();
     for op in ops {
@@ -229,6 +233,11 @@ fn apply_ops(
         }
         let value = op.value.as_ref().map(|v| v.to_string());
         match op.config_operation {
+            _ if op.config_operation != OP_DELETE
+                && topic_config::REPLICATION_THROTTLE_KEYS.contains(&name.as_str()) =>
+            {
+                return Err(format!("{name}: replication throttles are not supported by Strand"));
+            }
             OP_SET => {
                 let v = value.ok_or_else(|| format!("SET of {name} needs a value"))?;
                 next.insert(name.clone(), validate(&name, &v)?);

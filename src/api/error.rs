@@ -135,6 +135,22 @@ pub fn election_code(e: &crate::controller::core::ElectionError) -> i16 {
     r.code()
 }
 
+/// One partition's refused reassignment step.
+pub fn reassignment_code(e: &crate::controller::reassignment::ReassignmentError) -> i16 {
+    use crate::controller::reassignment::ReassignmentError;
+    let r = match e {
+        ReassignmentError::UnknownTopicOrPartition(..) => ResponseError::UnknownTopicOrPartition,
+        ReassignmentError::InvalidAssignment { .. } | ReassignmentError::CannotRevert { .. } => {
+            ResponseError::InvalidReplicaAssignment
+        }
+        ReassignmentError::ReplicationFactorChange { .. } => ResponseError::InvalidReplicationFactor,
+        ReassignmentError::NoReassignmentInProgress => ResponseError::NoReassignmentInProgress,
+        // As an overtaken controller request: retriable.
+        ReassignmentError::Overtaken => ResponseError::RequestTimedOut,
+    };
+    r.code()
+}
+
 /// A controller's refusal of a request: (code, message).
 pub fn controller_reply_code(e: &crate::controller::core::ControllerError) -> (i16, String) {
     use crate::controller::core::ControllerError;

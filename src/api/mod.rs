@@ -17,6 +17,7 @@ pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod producer;
 pub mod quorum;
+pub mod reassignments;
 pub mod replica_fetch;
 pub mod response;
 pub mod routing;
@@ -150,6 +151,12 @@ pub async fn handle(
         }
         RequestKind::CreatePartitions(r) => ResponseKind::CreatePartitions(admin::create_partitions(&ctx, r)),
         RequestKind::ElectLeaders(r) => ResponseKind::ElectLeaders(elect_leaders::handle(&ctx, r).await),
+        RequestKind::AlterPartitionReassignments(r) => {
+            ResponseKind::AlterPartitionReassignments(reassignments::alter(&ctx, r).await)
+        }
+        RequestKind::ListPartitionReassignments(r) => {
+            ResponseKind::ListPartitionReassignments(reassignments::list(&ctx, r))
+        }
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeQuorum(r) => ResponseKind::DescribeQuorum(quorum::describe_quorum(&ctx, r).await),

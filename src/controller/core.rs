@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::reassignment::{self, ReassignmentError, ReassignmentResult, ReplicaChange};
 use crate::metadata::image::{Applied, ClusterImage, PartitionRegistration, NO_LEADER};
 use crate::metadata::placement::{self, Candidate, PlacementError};
 use crate::metadata::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
@@ -86,6 +87,13 @@ pub enum Request {
     ElectLeaders {
         election: ElectionType,
         partitions: Option<Vec<(String, i32)>>,
+    },
+    /// Kafka's AlterPartitionReassignments: each named (topic, partition)
+    /// reassigned to its target replicas, or its reassignment cancelled
+    /// (`None`).
+    AlterReassignments {
+        partitions: Vec<(String, i32, Option<Vec<i32>>)>,
+        allow_factor_change: bool,
     },
 }
 
@@ -155,6 +163,8 @@ pub enum Reply {
     /// Every partition named (or, for all partitions, every one whose
     /// election was needed), in topic-name and partition order.
     LeadersElected(Vec<ElectionResult>),
+    /// Every partition named, in request order.
+    Reassigned(Vec<ReassignmentResult>),
     Error(ControllerError),
 }
 
@@ -256,6 +266,9 @@ enum Pending {
     /// An ElectLeaders request: `results` as decided, its records being
     /// those of the `Ok` results, in order.
     Election { id: RequestId, results: Vec<ElectionResult>, election: ElectionType },
+    /// An AlterPartitionReassignments request: `results` as decided, its
+    /// records those of the `Ok` results, in order.
+    Reassignment { id: RequestId, results: Vec<ReassignmentResult> },
 }
 
 pub struct ControllerCore {
@@ -456,6 +469,9 @@ impl ControllerCore {
                 Self::reply(id, Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())))
             }
             Request::ElectLeaders { election, partitions } => self.elect_leaders(id, *election, partitions.as_deref()),
+            Request::AlterReassignments { partitions, allow_factor_change } => {
+                self.alter_reassignments(id, partitions, *allow_factor_change)
+            }
             Request::AlterPartition {
                 broker_id,
                 broker_epoch,
@@ -475,13 +491,11 @@ impl ControllerCore {
                 if same_members(&reg.isr, new_isr) {
                     return Self::reply(id, altered(reg));
                 }
-                let records = vec![MetadataRecord::PartitionChange {
-                    topic_id: *topic_id,
-                    partition: *partition,
-                    expected_partition_epoch: reg.partition_epoch,
-                    leader: None,
-                    isr: Some(new_isr.clone()),
-                }];
+                // The expansion that brings the last target replica in
+                // completes a reassignment, in the same change (as Kafka).
+                let change = reassignment::completion(reg, new_isr, |b| self.is_active(b))
+                    .unwrap_or(ReplicaChange { isr: Some(new_isr.clone()), ..Default::default() });
+                let records = vec![change_record(*topic_id, *partition, reg, change)];
                 self.propose(id, request, records)
             }
             Request::AllocateProducerIds { broker_id } => {
@@ -606,6 +620,7 @@ impl ControllerCore {
                         expected_partition_epoch: reg.partition_epoch,
                         leader,
                         isr,
+                        assignment: None,
                     });
                 }
             }
@@ -728,12 +743,75 @@ impl ControllerCore {
         if self.last_repair_ms.is_some_and(|last| now_ms.saturating_sub(last) < REPAIR_INTERVAL_MS) {
             return Vec::new();
         }
-        let records = self.settle_partitions(|_| true, |b| self.is_active(b));
+        let mut records = self.settle_partitions(|_| true, |b| self.is_active(b));
+        records.extend(self.completed_reassignments());
         if records.is_empty() {
             return Vec::new();
         }
         self.last_repair_ms = Some(now_ms);
         vec![Effect::Propose(RecordBatch { proposal: self.new_id(), records })]
+    }
+
+    /// Reassignments whose ISR holds every target replica but that did not
+    /// complete with the change that made it so (one that put a target
+    /// replica back while the leader had no active successor, say).
+    fn completed_reassignments(&self) -> Vec<MetadataRecord> {
+        let mut out = Vec::new();
+        for t in self.image.topics.values() {
+            for (p, reg) in t.partitions.iter().filter(|(_, reg)| reg.is_reassigning()) {
+                if let Some(change) = reassignment::completion(reg, &reg.isr, |b| self.is_active(b)) {
+                    out.push(change_record(t.id, *p, reg, change));
+                }
+            }
+        }
+        out
+    }
+
+    /// An AlterPartitionReassignments request: each partition's step
+    /// decided against the committed image, the changes proposed together
+    /// and answered once committed.
+    fn alter_reassignments(
+        &mut self,
+        id: RequestId,
+        partitions: &[(String, i32, Option<Vec<i32>>)],
+        allow_factor_change: bool,
+    ) -> Vec<Effect> {
+        let mut results = Vec::with_capacity(partitions.len());
+        let mut records = Vec::new();
+        for (topic, partition, target) in partitions {
+            let outcome = self.reassignment_change(topic, *partition, target.as_deref(), allow_factor_change);
+            let outcome = outcome.map(|record| records.push(record));
+            results.push(ReassignmentResult { topic: topic.clone(), partition: *partition, outcome });
+        }
+        if records.is_empty() {
+            return Self::reply(id, Reply::Reassigned(results));
+        }
+        let batch = RecordBatch { proposal: self.new_id(), records };
+        self.pending.insert(batch.proposal, Pending::Reassignment { id, results });
+        vec![Effect::Propose(batch)]
+    }
+
+    /// The record of one partition's reassignment step: start (or replace)
+    /// one to `target`, or cancel the one in progress (`None`).
+    fn reassignment_change(
+        &self,
+        topic: &str,
+        partition: i32,
+        target: Option<&[i32]>,
+        allow_factor_change: bool,
+    ) -> Result<MetadataRecord, ReassignmentError> {
+        let unknown = || ReassignmentError::UnknownTopicOrPartition(topic.to_string(), partition);
+        let t = self.image.topic(topic).ok_or_else(unknown)?;
+        let reg = t.partitions.get(&partition).ok_or_else(unknown)?;
+        let active = |b| self.is_active(b);
+        let change = match target {
+            Some(target) => {
+                let registered = |b| self.image.brokers.contains_key(&b);
+                reassignment::start(reg, target, allow_factor_change, registered, active)?
+            }
+            None => reassignment::cancel(reg, active)?,
+        };
+        Ok(change_record(t.id, partition, reg, change))
     }
 
     /// An ElectLeaders request: each partition's election decided against
@@ -814,6 +892,7 @@ impl ControllerCore {
             expected_partition_epoch: reg.partition_epoch,
             leader: Some(leader),
             isr,
+            assignment: None,
         })
     }
 
@@ -880,6 +959,17 @@ impl ControllerCore {
             Some(Pending::Election { id, results, election }) => {
                 return Self::reply(id, Reply::LeadersElected(self.elected(results, election, &outcomes)))
             }
+            Some(Pending::Reassignment { id, mut results }) => {
+                // A step overtaken by another change to its partition is
+                // refused (retriable) rather than decided again.
+                let mut outcomes = outcomes.iter();
+                for r in results.iter_mut().filter(|r| r.outcome.is_ok()) {
+                    if outcomes.next() != Some(&Applied::Changed) {
+                        r.outcome = Err(ReassignmentError::Overtaken);
+                    }
+                }
+                return Self::reply(id, Reply::Reassigned(results));
+            }
             _ => return Vec::new(),
         };
         let first_ok = outcomes.first().is_some_and(|o| *o == Applied::Changed);
@@ -909,8 +999,10 @@ impl ControllerCore {
             },
             Request::AlterConfigs { .. } => Reply::ConfigsAltered,
             Request::DescribeQuorum => Reply::Error(ControllerError::NotForCore("DescribeQuorum".into())),
-            // Proposed as Pending::Election, answered above.
-            Request::ElectLeaders { .. } => Reply::Error(ControllerError::Conflict),
+            // Proposed as Pending::Election and Pending::Reassignment, answered above.
+            Request::ElectLeaders { .. } | Request::AlterReassignments { .. } => {
+                Reply::Error(ControllerError::Conflict)
+            }
             Request::AlterPartition { topic_id, partition, partition_epoch, .. } => {
                 match self.image.topics.get(topic_id).and_then(|t| t.partitions.get(partition)) {
                     Some(reg) if first_ok => altered(reg),
@@ -930,6 +1022,19 @@ impl ControllerCore {
             },
         };
         Self::reply(id, reply)
+    }
+}
+
+/// The conditional record of `change` to partition `partition` (at
+/// `reg`'s partition epoch).
+fn change_record(topic_id: Uuid, partition: i32, reg: &PartitionRegistration, change: ReplicaChange) -> MetadataRecord {
+    MetadataRecord::PartitionChange {
+        topic_id,
+        partition,
+        expected_partition_epoch: reg.partition_epoch,
+        leader: change.leader,
+        isr: change.isr,
+        assignment: change.assignment,
     }
 }
 
@@ -1419,6 +1524,8 @@ mod tests {
             leader,
             leader_epoch: 3,
             partition_epoch: 5,
+            adding_replicas: vec![],
+            removing_replicas: vec![],
         };
         let up = |ids: &'static [i32]| move |b: i32| ids.contains(&b);
         assert_eq!(settle(&reg(vec![1, 2, 3], vec![1, 2, 3], 2), up(&[1, 2, 3]), false), None);
@@ -1769,6 +1876,41 @@ mod tests {
         run_sessions(&mut h, &epochs, &[1], 11_000, 12_000);
         let u = partition(&h, "u", 0);
         assert_eq!((u.leader, u.isr), (2, vec![2]));
+    }
+
+    #[test]
+    fn a_reassignment_completes_with_the_alter_partition_that_brings_the_new_replica_in() {
+        let mut h = Harness::new();
+        for b in 1..=4 {
+            h.register(b, 0);
+        }
+        let manual = Request::CreateTopic {
+            name: "m".into(),
+            partitions: -1,
+            replication_factor: -1,
+            configs: BTreeMap::new(),
+            assignment: Some(vec![vec![1, 2, 3]]),
+        };
+        assert!(matches!(h.call(manual, 0), Reply::TopicCreated { .. }));
+        let move_leader = Request::AlterReassignments {
+            partitions: vec![("m".into(), 0, Some(vec![4, 2, 3])), ("nope".into(), 0, Some(vec![1]))],
+            allow_factor_change: false,
+        };
+        let r = h.call(move_leader, 0);
+        let Reply::Reassigned(results) = r else { panic!("{r:?}") };
+        assert_eq!(results[0].outcome, Ok(()));
+        assert_eq!(results[1].outcome, Err(ReassignmentError::UnknownTopicOrPartition("nope".into(), 0)));
+        let reg = partition(&h, "m", 0);
+        assert_eq!((reg.replicas.as_slice(), reg.adding_replicas.as_slice()), (&[4, 2, 3, 1][..], &[4][..]));
+        // Broker 4 is a replica now, so the leader may add it; that completes the move.
+        let r = h.call(alter(&h, 1, "m", 0, vec![1, 2, 3, 4]), 0);
+        assert!(matches!(r, Reply::PartitionAltered { leader: 4, leader_epoch: 1, .. }), "{r:?}");
+        let reg = partition(&h, "m", 0);
+        assert_eq!((reg.replicas.as_slice(), reg.isr.as_slice(), reg.leader), (&[4, 2, 3][..], &[4, 2, 3][..], 4));
+        assert!(!reg.is_reassigning());
+        // A replica outside the target may not join any more.
+        let r = h.call(alter(&h, 4, "m", 0, vec![4, 2, 3, 1]), 0);
+        assert!(matches!(r, Reply::Error(ControllerError::InvalidIsr { .. })), "{r:?}");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   the loop that finds the leader.
 //! - [`core`]: the active controller's decisions (registrations, heartbeats,
 //!   fencing, placement, producer-id blocks) as `step(input) -> effects`.
+//! - [`reassignment`]: partition reassignment steps (start, complete,
+//!   cancel) as functions of a partition's registration.
 //! - [`store`]: what the quorum needs from durable storage ([`store::RaftLogStore`]).
 //! - [`driver`]: [`driver::Controller`], the async driver: one thread owns
 //!   node, store and core; peer tasks carry frames over the CONTROLLER listener.
@@ -26,5 +28,6 @@ pub mod disk;
 pub mod driver;
 pub mod feed;
 pub mod node;
+pub mod reassignment;
 pub mod store;
 pub mod transport;

@@ -46,9 +46,32 @@ pub struct PartitionRegistration {
     pub leader: i32,
     pub leader_epoch: i32,
     pub partition_epoch: i32,
+    /// Replicas an ongoing reassignment is adding (listed in `replicas`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adding_replicas: Vec<i32>,
+    /// Replicas an ongoing reassignment is removing (listed in `replicas`,
+    /// after the target's).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removing_replicas: Vec<i32>,
 }
 
 impl PartitionRegistration {
+    /// Whether a reassignment is under way.
+    pub fn is_reassigning(&self) -> bool {
+        !self.adding_replicas.is_empty() || !self.removing_replicas.is_empty()
+    }
+
+    /// The replicas the partition will have once its reassignment is done
+    /// (all of them when none is under way), in order.
+    pub fn target_replicas(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|r| !self.removing_replicas.contains(r)).collect()
+    }
+
+    /// The replicas it had before its reassignment began, in order.
+    pub fn original_replicas(&self) -> Vec<i32> {
+        self.replicas.iter().copied().filter(|r| !self.adding_replicas.contains(r)).collect()
+    }
+
     /// What every partition in an image holds: distinct replicas, a
     /// non-empty ISR of distinct replicas (Kafka without ELR keeps the last
     /// member even when it is fenced, so it can lead again), and a leader
@@ -68,6 +91,16 @@ impl PartitionRegistration {
         }
         if self.leader != NO_LEADER && !self.isr.contains(&self.leader) {
             return Err("the leader is not in the ISR");
+        }
+        let listed = |v: &[i32]| !has_duplicates(v) && v.iter().all(|r| self.replicas.contains(r));
+        if !listed(&self.adding_replicas) || !listed(&self.removing_replicas) {
+            return Err("a replica being added or removed is not a replica");
+        }
+        if self.adding_replicas.iter().any(|r| self.removing_replicas.contains(r)) {
+            return Err("a replica is being both added and removed");
+        }
+        if self.removing_replicas.len() >= self.replicas.len() {
+            return Err("a reassignment removes every replica");
         }
         Ok(())
     }
@@ -212,6 +245,8 @@ impl ClusterImage {
                     leader: *leader,
                     leader_epoch: *leader_epoch,
                     partition_epoch: 0,
+                    adding_replicas: Vec::new(),
+                    removing_replicas: Vec::new(),
                 };
                 if let Err(why) = new.check() {
                     return Ignored(why);
@@ -219,7 +254,14 @@ impl ClusterImage {
                 topic.partitions.insert(*partition, new);
                 Changed
             }
-            MetadataRecord::PartitionChange { topic_id, partition, expected_partition_epoch, leader, isr } => {
+            MetadataRecord::PartitionChange {
+                topic_id,
+                partition,
+                expected_partition_epoch,
+                leader,
+                isr,
+                assignment,
+            } => {
                 let Some(p) = self.topics.get_mut(topic_id).and_then(|t| t.partitions.get_mut(partition)) else {
                     return Ignored("no such partition");
                 };
@@ -227,6 +269,11 @@ impl ClusterImage {
                     return Ignored("partition epoch moved on");
                 }
                 let mut new = p.clone();
+                if let Some(a) = assignment {
+                    new.replicas = a.replicas.clone();
+                    new.adding_replicas = a.adding.clone();
+                    new.removing_replicas = a.removing.clone();
+                }
                 if let Some(isr) = isr {
                     new.isr = isr.clone();
                 }
@@ -352,6 +399,7 @@ mod tests {
                 expected_partition_epoch: 0,
                 leader: Some(NO_LEADER),
                 isr: None,
+                assignment: None,
             },
             MetadataRecord::Config {
                 resource: ConfigResource::Topic("t".into()),
@@ -438,6 +486,7 @@ mod tests {
             expected_partition_epoch: 0,
             leader,
             isr,
+            assignment: None,
         };
         for (bad, why) in [
             (change(Some(vec![]), None), "the ISR is empty"),

@@ -88,6 +88,10 @@ pub enum MetadataRecord {
         expected_partition_epoch: i32,
         leader: Option<i32>,
         isr: Option<Vec<i32>>,
+        /// A new replica set (a reassignment starting, replaced, completed
+        /// or cancelled); absent in records that leave it as it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        assignment: Option<Assignment>,
     },
     RemoveTopic {
         id: Uuid,
@@ -109,6 +113,16 @@ pub enum MetadataRecord {
         name: String,
         level: i16,
     },
+}
+
+/// A partition's replicas, with what an ongoing reassignment adds and
+/// removes (both empty when none is): as Kafka's PartitionChangeRecord,
+/// `replicas` is the target followed by the replicas being removed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub replicas: Vec<i32>,
+    pub adding: Vec<i32>,
+    pub removing: Vec<i32>,
 }
 
 /// The records of one raft entry.

@@ -479,7 +479,15 @@ mod tests {
         leader_epoch: i32,
         partition_epoch: i32,
     ) -> PartitionRegistration {
-        PartitionRegistration { replicas: replicas.to_vec(), isr: isr.to_vec(), leader, leader_epoch, partition_epoch }
+        PartitionRegistration {
+            replicas: replicas.to_vec(),
+            isr: isr.to_vec(),
+            leader,
+            leader_epoch,
+            partition_epoch,
+            adding_replicas: vec![],
+            removing_replicas: vec![],
+        }
     }
 
     fn hw(effects: &[Effect]) -> Option<i64> {
