@@ -21,17 +21,19 @@ import org.apache.kafka.clients.admin.Admin;
  */
 final class ClusterCliChecks {
     static final String C = "kafka-cli-cluster";
-    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "replica-assignment", "leader-election", "cluster-id", "features"};
+    static final String[] CAPABILITIES = {"metadata-quorum", "topics-leaders", "replica-assignment", "leader-election", "reassign-partitions", "cluster-id", "features"};
     static final String QUORUM = "org.apache.kafka.tools.MetadataQuorumCommand";
     static final String CLUSTER = "org.apache.kafka.tools.ClusterTool";
     static final String FEATURES = "org.apache.kafka.tools.FeatureCommand";
     static final String ELECTION = "org.apache.kafka.tools.LeaderElectionCommand";
+    static final String REASSIGN = "org.apache.kafka.tools.reassign.ReassignPartitionsCommand";
 
     static void runAll() {
         Main.capability(C, "metadata-quorum", new int[] {55}, ClusterCliChecks::metadataQuorum);
         Main.capability(C, "topics-leaders", null, ClusterCliChecks::topicsLeaders);
         Main.capability(C, "replica-assignment", null, ClusterCliChecks::replicaAssignment);
         Main.capability(C, "leader-election", new int[] {43}, ClusterCliChecks::leaderElection);
+        Main.capability(C, "reassign-partitions", new int[] {45, 46}, ClusterCliChecks::reassignPartitions);
         Main.capability(C, "cluster-id", null, ClusterCliChecks::clusterId);
         Main.capability(C, "features", null, ClusterCliChecks::features);
     }
@@ -167,6 +169,79 @@ final class ClusterCliChecks {
         tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
         return "preferred and unclean elections of a balanced partition: \"Valid replica already elected\"; "
                 + "--all-topic-partitions: nothing to elect; an unknown partition refused (UnknownTopicOrPartition)";
+    }
+
+    /** The Replicas and Isr columns of kafka-topics --describe for partition 0 of `t`. */
+    static String[] replicasAndIsr(String t) throws Exception {
+        String out = tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--describe", "--topic", t).ok().out();
+        Matcher m = Pattern.compile("Partition: 0\tLeader: (-?\\d+)\tReplicas: ([\\d,]+)\tIsr: ([\\d,]*)").matcher(out);
+        check(m.find(), "describe of %s: %s", t, out.strip());
+        return new String[] {m.group(1), m.group(2), m.group(3)};
+    }
+
+    /**
+     * kafka-reassign-partitions --generate, --execute, --verify (until
+     * complete, which also deletes the replication throttles it might have
+     * set) and --list: the replica of broker 1, the leader's, moves to broker
+     * 3 (the partition then led by the target, both replicas in sync), with
+     * the records produced before it readable after; a target naming an
+     * unknown broker is refused.
+     */
+    static String reassignPartitions() throws Exception {
+        String t = CliChecks.prefix + "-cluster-reassign";
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--create", "--topic", t,
+                "--replica-assignment", "1:2").ok();
+        StringBuilder lines = new StringBuilder();
+        for (int i = 0; i < 20; i++) lines.append("moved-").append(i).append('\n');
+        tool(CliChecks.CONSOLE_PRODUCER, lines.toString(), 60, "--bootstrap-server", bs(), "--topic", t,
+                "--producer-property", "acks=all").ok();
+
+        java.nio.file.Path topicsFile = java.nio.file.Files.createTempFile("reassign-topics", ".json");
+        java.nio.file.Files.writeString(topicsFile, "{\"version\":1,\"topics\":[{\"topic\":\"" + t + "\"}]}");
+        CliChecks.Run generated = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--generate",
+                "--topics-to-move-json-file", topicsFile.toString(), "--broker-list", "2,3").ok();
+        check(generated.out().contains("Current partition replica assignment")
+                && generated.out().contains("Proposed partition reassignment configuration")
+                && generated.out().contains("\"replicas\":[1,2]"), "--generate printed: %s", generated.summary());
+
+        java.nio.file.Path plan = java.nio.file.Files.createTempFile("reassign-plan", ".json");
+        java.nio.file.Files.writeString(plan, "{\"version\":1,\"partitions\":[{\"topic\":\"" + t
+                + "\",\"partition\":0,\"replicas\":[3,2],\"log_dirs\":[\"any\",\"any\"]}]}");
+        CliChecks.Run executed = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--execute",
+                "--reassignment-json-file", plan.toString()).ok();
+        check(executed.out().contains("Successfully started partition reassignment"), "--execute printed: %s",
+                executed.summary());
+        CliChecks.Run verified = null;
+        for (int i = 0; i < 300; i++) {
+            verified = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--verify", "--reassignment-json-file",
+                    plan.toString());
+            if (verified.rc() == 0 && verified.out().contains("Reassignment of partition " + t + "-0 is completed")) break;
+            Thread.sleep(100);
+        }
+        check(verified.rc() == 0 && verified.out().contains("Reassignment of partition " + t + "-0 is completed"),
+                "--verify never saw the move complete: %s", verified.summary());
+        String[] after = replicasAndIsr(t);
+        Set<String> isr = new TreeSet<>(List.of(after[2].split(",")));
+        check(after[0].equals("3") && after[1].equals("3,2") && isr.equals(Set.of("2", "3")),
+                "after the move: leader %s, replicas %s, isr %s", after[0], after[1], after[2]);
+        CliChecks.Run listed = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--list").ok();
+        check(listed.out().contains("No partition reassignments found"), "--list printed: %s", listed.summary());
+        CliChecks.Run read = tool(CliChecks.CONSOLE_CONSUMER, null, 60, "--bootstrap-server", bs(), "--topic", t,
+                "--from-beginning", "--max-messages", "20", "--timeout-ms", "30000").ok();
+        for (int i = 0; i < 20; i++) {
+            check(read.out().contains("moved-" + i + "\n"), "record moved-%d missing after the move: %s", i, read.summary());
+        }
+
+        java.nio.file.Path bad = java.nio.file.Files.createTempFile("reassign-bad", ".json");
+        java.nio.file.Files.writeString(bad, "{\"version\":1,\"partitions\":[{\"topic\":\"" + t
+                + "\",\"partition\":0,\"replicas\":[3," + (Main.brokers + 50) + "]}]}");
+        CliChecks.Run refused = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--execute",
+                "--reassignment-json-file", bad.toString());
+        check(refused.rc() != 0, "a target with an unknown broker was accepted: %s", refused.summary());
+        check(replicasAndIsr(t)[1].equals("3,2"), "the refused plan changed the replicas");
+        tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
+        return "--generate, --execute, --verify (completed), --list: the leader's replica moved from broker 1 to 3, "
+                + "20 records read after; an unknown broker refused";
     }
 
     static String clusterId() throws Exception {
