@@ -7,7 +7,11 @@
 //! network that delays, drops and cuts links. Brokers crash (the kill -9
 //! kind, and the power-loss kind that loses what was not fsynced) and
 //! restart; producers write with acks=all to whoever leads. Automatic
-//! preferred-leader elections move leadership between live replicas too.
+//! preferred-leader elections move leadership between live replicas too,
+//! and reassignments (AlterPartitionReassignments: down to two replicas,
+//! back to three, reorderings, cancellations) change the replica set under
+//! the same faults: a broker removed deletes its copy, and one added starts
+//! from an empty log.
 //!
 //! Checked after every event: one leader per epoch; a broker's high
 //! watermark never moves back and never passes its log end; replicas agree
@@ -149,8 +153,11 @@ impl Broker {
         let to = to.max(0) as usize;
         if to < self.log.len() {
             self.log.truncate(to);
-            self.epochs.truncate_from_end(to as i64);
         }
+        // Also when nothing is cut, as the storage crate's truncate_to: an
+        // epoch entry with no records after it (written on becoming leader)
+        // would make every fetch diverge again.
+        self.epochs.truncate_from_end(to.min(self.log.len()) as i64);
         self.synced = self.synced.min(self.log.len());
     }
 
@@ -449,6 +456,21 @@ impl Sim {
             }
         }
         self.carry_out(id, effects);
+        // No longer a replica: the broker deletes its copy (and its high
+        // watermark with it); if it is added again it starts empty.
+        if !reg.replicas.contains(&id) {
+            let b = self.broker(id);
+            if !b.log.is_empty() || b.state.high_watermark > 0 {
+                b.log.clear();
+                b.synced = 0;
+                b.epochs = LeaderEpochCache::default();
+                b.state = PartitionState::new(id, 0, 0, MIN_ISR);
+                b.hw_seen = 0;
+                b.waiting.clear();
+                b.fetching_since = None;
+                self.trace(format!("{id} is no longer a replica; its log is deleted"));
+            }
+        }
     }
 
     fn carry_out(&mut self, id: i32, effects: Vec<Effect>) {
@@ -659,6 +681,8 @@ impl Sim {
             if isr.iter().any(|r| *r != id) {
                 self.crash(id, true);
             }
+        } else if roll < 14 && roll >= 12 {
+            self.reassign();
         } else if roll < 12 {
             let a = self.rng.i32(0..=BROKERS);
             let b = self.rng.i32(1..=BROKERS);
@@ -668,6 +692,22 @@ impl Sim {
                 self.cut.insert((a.min(b), a.max(b)), until);
             }
         }
+    }
+
+    /// An admin's reassignment of the partition: to a random two or three
+    /// brokers in random order, or (one time in five) a cancellation.
+    fn reassign(&mut self) {
+        let target = if self.rng.u32(..5) == 0 {
+            None
+        } else {
+            let mut ids: Vec<i32> = (1..=BROKERS).collect();
+            self.rng.shuffle(&mut ids);
+            ids.truncate(self.rng.usize(2..=BROKERS as usize));
+            Some(ids)
+        };
+        self.trace(format!("reassign to {target:?}"));
+        let req = Request::AlterReassignments { partitions: vec![("t".into(), 0, target)], allow_factor_change: true };
+        self.controller_request(0, req, None);
     }
 
     fn crash(&mut self, id: i32, power_loss: bool) {
@@ -763,6 +803,11 @@ impl Sim {
         for id in ids {
             self.restarts.insert(id, self.now);
         }
+        // Every broker a replica again (the move completes once all are in sync).
+        let all: Vec<i32> = (1..=BROKERS).collect();
+        let req =
+            Request::AlterReassignments { partitions: vec![("t".into(), 0, Some(all))], allow_factor_change: true };
+        self.controller_request(0, req, None);
         for _ in 0..2000 {
             self.step();
             let leader = self.brokers.iter().find(|b| b.up && b.state.is_leader());

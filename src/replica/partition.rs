@@ -357,8 +357,11 @@ impl Partition {
             let to = super::state::truncation_offset((epoch, end_offset), local, log.log_start_offset());
             if to < log.log_end_offset() {
                 tracing::info!(topic = %self.topic, partition = self.index, leader_epoch = epoch, leader_end = end_offset, to, "truncating to the leader's log");
-                log.truncate_to(to)?;
             }
+            // Also when nothing is cut (as Kafka): a leader-epoch entry this
+            // replica wrote on becoming leader with nothing appended after it
+            // must go, or every fetch names that epoch and diverges again.
+            log.truncate_to(to)?;
             let leo = log.log_end_offset();
             let mut state = self.lock_state();
             let lowered = state.on_truncate(leo);
