@@ -674,7 +674,11 @@ async fn reassignment_moves_a_replica_and_a_cancelled_one_goes_back() {
     let mut isr = p.isr.clone();
     isr.sort_unstable();
     assert_eq!((p.leader, isr), (3, vec![2, 3]), "leadership moved to the target with both in sync: {p:?}");
-    assert!(reassignments(&cluster, 2).await.is_empty());
+    // Broker 2 applies the completing record when the metadata log reaches it.
+    wait_for("broker 2 to list no reassignment", READY, Duration::from_millis(50), || async {
+        reassignments(&cluster, 2).await.is_empty().then_some(())
+    })
+    .await;
     wait_for("broker 1 to drop its copy", READY, Duration::from_millis(50), || {
         let gone = cluster.state(1).replicas.partition("moved", 0).is_none();
         async move { gone.then_some(()) }
@@ -700,15 +704,23 @@ async fn reassignment_moves_a_replica_and_a_cancelled_one_goes_back() {
     cluster.stop(1).await;
     let codes = reassign(&cluster, 2, &[("moved", 0, Some(&[1, 3, 2]))]).await;
     assert_eq!(codes[&("moved".to_string(), 0)], 0, "{codes:?}");
-    let ongoing = reassignments(&cluster, 2).await;
+    let ongoing = wait_for("broker 2 to list the reassignment", READY, Duration::from_millis(50), || async {
+        let ongoing = reassignments(&cluster, 2).await;
+        (!ongoing.is_empty()).then_some(ongoing)
+    })
+    .await;
     assert_eq!(ongoing[&("moved".to_string(), 0)], (vec![1, 3, 2], vec![1], vec![]), "{ongoing:?}");
     let during: Vec<String> = (250..260).map(|i| format!("v-{i}")).collect();
     assert_eq!(send_all(&producer(&bootstrap), "moved", 0, &during).await, (250..260).collect::<Vec<i64>>());
     assert_eq!(image(&cluster).partition("moved", 0).unwrap().leader, 3);
     let codes = reassign(&cluster, 3, &[("moved", 0, None)]).await;
     assert_eq!(codes[&("moved".to_string(), 0)], 0, "{codes:?}");
-    let p = image(&cluster).partition("moved", 0).cloned().unwrap();
-    assert_eq!((p.replicas.as_slice(), p.leader, p.is_reassigning()), (&[3, 2][..], 3, false), "{p:?}");
+    let p = wait_for("broker 3 to apply the cancel", READY, Duration::from_millis(50), || {
+        let p = image(&cluster).partition("moved", 0).cloned().unwrap();
+        async move { (!p.is_reassigning()).then_some(p) }
+    })
+    .await;
+    assert_eq!((p.replicas.as_slice(), p.leader), (&[3, 2][..], 3), "{p:?}");
     assert!(reassignments(&cluster, 3).await.is_empty());
     cluster.restart(1).await;
     cluster.wait_ready(READY).await;
