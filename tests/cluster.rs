@@ -164,7 +164,75 @@ async fn three_brokers_spread_serve_and_reroute() {
     create_topic(&cluster.bootstrap(2), "replicated", 1, 2).await.expect("two replicas on three brokers");
 
     describe_quorum_and_features(&cluster).await;
+    describe_topic_partitions_pages(&cluster, &leaders_seen).await;
     cluster.shutdown().await;
+}
+
+/// DescribeTopicPartitions (what Kafka 4.1's `kafka-topics --describe`
+/// sends) answers topics in name order, an unknown one with
+/// UNKNOWN_TOPIC_OR_PARTITION, at most ResponsePartitionLimit partitions per
+/// response with a cursor naming where the next starts; a cursor outside
+/// the topics asked for is INVALID_REQUEST.
+async fn describe_topic_partitions_pages(cluster: &TestCluster, spread_leaders: &BTreeMap<i32, i32>) {
+    use kafka_protocol::messages::describe_topic_partitions_request::{Cursor, TopicRequest};
+    use kafka_protocol::messages::{DescribeTopicPartitionsRequest, DescribeTopicPartitionsResponse};
+    use kafka_protocol::protocol::StrBytes;
+    let name = |n: &str| TopicName(StrBytes::from_string(n.to_string()));
+    let request = |cursor: Option<(&str, i32)>| {
+        DescribeTopicPartitionsRequest::default()
+            .with_topics(["spread", "replicated", "nope"].map(|t| TopicRequest::default().with_name(name(t))).to_vec())
+            .with_response_partition_limit(4)
+            .with_cursor(cursor.map(|(t, p)| Cursor::default().with_topic_name(name(t)).with_partition_index(p)))
+    };
+    // (topic, error, partitions as (index, leader, replicas, isr)) per topic.
+    type Page = Vec<(String, i16, Vec<(i32, i32, Vec<i32>, Vec<i32>)>)>;
+    let summary = |r: &DescribeTopicPartitionsResponse| -> Page {
+        let ids = |v: &[kafka_protocol::messages::BrokerId]| v.iter().map(|b| b.0).collect::<Vec<i32>>();
+        r.topics
+            .iter()
+            .map(|t| {
+                let parts = t
+                    .partitions
+                    .iter()
+                    .map(|p| (p.partition_index, p.leader_id.0, ids(&p.replica_nodes), ids(&p.isr_nodes)))
+                    .collect();
+                (t.name.as_ref().unwrap().0.to_string(), t.error_code, parts)
+            })
+            .collect()
+    };
+    let mut conn = RawConn::connect(cluster.addr(2)).await;
+    // "replicated" was just created: wait until broker 2's image has it.
+    let deadline = std::time::Instant::now() + READY;
+    let first: DescribeTopicPartitionsResponse = loop {
+        let r: DescribeTopicPartitionsResponse = conn.call(&request(None), 0).await;
+        if r.topics.iter().filter(|t| t.error_code == 0).count() == 2 {
+            break r;
+        }
+        assert!(std::time::Instant::now() < deadline, "broker 2 never knew both topics: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let page = summary(&first);
+    let spread = |p: i32| {
+        let l = spread_leaders[&p];
+        (p, l, vec![l], vec![l])
+    };
+    assert_eq!(
+        page.iter().map(|t| (t.0.as_str(), t.1)).collect::<Vec<_>>(),
+        [("nope", 3), ("replicated", 0), ("spread", 0)]
+    );
+    let replicated = &page[1].2;
+    assert_eq!((replicated.len(), replicated[0].2.len()), (1, 2), "{replicated:?}");
+    assert_eq!(page[2].2, (0..3).map(spread).collect::<Vec<_>>());
+    let next = first.next_cursor.as_ref().expect("a cursor: three partitions of spread are left");
+    assert_eq!((next.topic_name.0.as_str(), next.partition_index), ("spread", 3));
+
+    let second: DescribeTopicPartitionsResponse = conn.call(&request(Some(("spread", 3))), 0).await;
+    let page = summary(&second);
+    assert_eq!(page, vec![("spread".to_string(), 0, (3..6).map(spread).collect())]);
+    assert!(second.next_cursor.is_none());
+
+    let bad: DescribeTopicPartitionsResponse = conn.call(&request(Some(("elsewhere", 0))), 0).await;
+    assert_eq!(bad.topics.iter().map(|t| t.error_code).collect::<Vec<_>>(), [42], "INVALID_REQUEST: {bad:?}");
 }
 
 /// DescribeQuorum (kafka-metadata-quorum) on a broker that is not the active

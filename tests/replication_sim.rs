@@ -681,7 +681,7 @@ impl Sim {
             if isr.iter().any(|r| *r != id) {
                 self.crash(id, true);
             }
-        } else if roll < 14 && roll >= 12 {
+        } else if (12..14).contains(&roll) {
             self.reassign();
         } else if roll < 12 {
             let a = self.rng.i32(0..=BROKERS);

@@ -147,6 +147,29 @@ pub fn handle(ctx: &RequestContext, req: MetadataRequest) -> MetadataResponse {
         .with_cluster_authorized_operations(AUTHORIZED_OPERATIONS_OMITTED)
 }
 
+/// Every topic this broker knows (its metadata image in a cluster), by name.
+pub fn topic_names(ctx: &RequestContext) -> Vec<String> {
+    let mut names: Vec<String> = match ctx.state.cluster() {
+        Some(cluster) => cluster.image().topics.values().map(|t| t.name.clone()).collect(),
+        None => ctx.state.replicas.topics().by_name.keys().cloned().collect(),
+    };
+    names.sort();
+    names
+}
+
+/// Topic `name` as Metadata describes it (replicas, ISR, leader, offline
+/// replicas), or `None` if there is no such topic: the one view
+/// DescribeTopicPartitions answers from too.
+pub fn describe_topic(ctx: &RequestContext, name: &str) -> Option<MetadataResponseTopic> {
+    match ctx.state.cluster() {
+        Some(cluster) => {
+            let image = cluster.image();
+            image.topic(name).map(|t| image_topic_metadata(&image, t))
+        }
+        None => ctx.state.replicas.topic(name).map(|t| topic_metadata(&t, ctx.state.config().node_id)),
+    }
+}
+
 fn topic_error(name: Option<TopicName>, id: Uuid, code: i16) -> MetadataResponseTopic {
     MetadataResponseTopic::default()
         .with_error_code(code)

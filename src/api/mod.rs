@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod api_versions;
 pub mod configs;
+pub mod describe_topic_partitions;
 pub mod elect_leaders;
 pub mod error;
 pub mod fetch;
@@ -156,6 +157,9 @@ pub async fn handle(
         }
         RequestKind::ListPartitionReassignments(r) => {
             ResponseKind::ListPartitionReassignments(reassignments::list(&ctx, r))
+        }
+        RequestKind::DescribeTopicPartitions(r) => {
+            ResponseKind::DescribeTopicPartitions(describe_topic_partitions::handle(&ctx, r))
         }
         RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),

@@ -13,6 +13,7 @@ pub const SUPPORTED: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ListOffsets, 1, 10),
     (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::Metadata, 0, 13),
+    (ApiKey::DescribeTopicPartitions, 0, 0),
     (ApiKey::OffsetCommit, 2, 9),
     (ApiKey::OffsetFetch, 1, 9),
     (ApiKey::FindCoordinator, 0, 6),
