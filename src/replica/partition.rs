@@ -708,12 +708,15 @@ impl Partition {
                 tracing::warn!(topic = %self.topic, partition = self.index, error = %e, "fsync of a rolled segment failed; retried under the log lock");
             }
         }
+        // Retention stops at the high watermark: a leader never cuts what a
+        // follower still has to fetch, nor a follower past what is committed.
+        let hw = self.high_watermark();
         self.with_log(|log| {
             log.flush_if_due(now_ms)?;
             log.expire_producers(now_ms);
             log.flush_rolled_segments()?;
             if retention {
-                let deleted = log.enforce_retention(now_ms)?;
+                let deleted = log.enforce_retention(now_ms, hw)?;
                 if deleted > 0 {
                     tracing::info!(topic = %self.topic, partition = self.index, deleted, log_start_offset = log.log_start_offset(), "retention deleted segments");
                 }

@@ -1196,9 +1196,13 @@ impl Log {
         Ok(count)
     }
 
-    /// Deletes whole segments past `retention_ms` or beyond `retention_bytes`.
+    /// Deletes whole segments past `retention_ms` or beyond `retention_bytes`,
+    /// only those wholly below `high_watermark` (as Kafka: retention never
+    /// moves the log start offset past what every in-sync replica holds, so
+    /// a follower is never asked to fetch from beyond the leader's start and
+    /// an acknowledged-but-unreplicated tail is never the cut point).
     /// Returns how many segments were deleted.
-    pub fn enforce_retention(&mut self, now_ms: i64) -> Result<usize> {
+    pub fn enforce_retention(&mut self, now_ms: i64, high_watermark: i64) -> Result<usize> {
         let mut deleted = 0;
         if self.config.cleanup_delete && self.config.retention_ms >= 0 {
             // Kafka: a segment expires when its largest timestamp is older
@@ -1208,8 +1212,9 @@ impl Log {
                 .values()
                 .take_while(|s| {
                     // An empty sealed segment (left by compaction) does not stop deletion.
-                    (s.is_empty() && !s.is_active())
-                        || (!s.is_empty() && now_ms.saturating_sub(s.max_timestamp()) > self.config.retention_ms)
+                    s.next_offset() <= high_watermark
+                        && ((s.is_empty() && !s.is_active())
+                            || (!s.is_empty() && now_ms.saturating_sub(s.max_timestamp()) > self.config.retention_ms))
                 })
                 .count();
             if expired == self.segments.len() {
@@ -1224,7 +1229,7 @@ impl Log {
                 .values()
                 .take(self.segments.len() - 1)
                 .take_while(|s| {
-                    let fits = excess - s.size_bytes() as i64 >= 0;
+                    let fits = s.next_offset() <= high_watermark && excess - s.size_bytes() as i64 >= 0;
                     if fits {
                         excess -= s.size_bytes() as i64;
                     }
@@ -1631,9 +1636,30 @@ mod tests {
         let mut retained = log.config().clone();
         retained.retention_bytes = 0;
         log.set_config(retained);
-        log.enforce_retention(2_000).unwrap();
+        log.enforce_retention(2_000, i64::MAX).unwrap();
         assert_eq!(log.segment_count(), 1);
         assert_eq!(log.log_start_offset(), *log.segments.keys().next().unwrap());
+    }
+
+    #[test]
+    fn retention_stops_at_the_high_watermark() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = Log::open(dir.path(), config(), 0).unwrap();
+        append_n(&mut log, 40, 1_000); // two records a batch, several segments
+        let bases: Vec<i64> = log.segments.keys().copied().collect();
+        assert!(bases.len() >= 4, "{bases:?}");
+        let mut retained = log.config().clone();
+        retained.retention_ms = 0; // everything has expired
+        log.set_config(retained);
+        // The high watermark inside the third segment: the first two go, no more.
+        let hw = bases[2] + 1;
+        assert_eq!(log.enforce_retention(1_000_000, hw).unwrap(), 2);
+        assert_eq!(log.log_start_offset(), bases[2]);
+        assert_eq!(log.enforce_retention(1_000_000, hw).unwrap(), 0);
+        // Once it covers everything, the log rolls and all the old data goes.
+        let end = log.log_end_offset();
+        assert!(log.enforce_retention(1_000_000, end).unwrap() >= 1);
+        assert_eq!((log.log_start_offset(), log.log_end_offset(), log.segment_count()), (end, end, 1));
     }
 
     /// One batch of `n` 50-byte records appended as leader at `epoch`; its bytes as stored.
@@ -1735,7 +1761,7 @@ mod tests {
         assert_eq!(epochs(&log), [(2, 25), (4, 30)], "the first kept epoch starts at the log start");
         assert_eq!(epoch_file(dir.path()), "0\n2\n2 25\n4 30\n");
         log.set_config(LogConfig { retention_bytes: 0, ..config() });
-        log.enforce_retention(2_000).unwrap();
+        log.enforce_retention(2_000, i64::MAX).unwrap();
         let start = log.log_start_offset();
         assert!(start > 30);
         assert_eq!(epochs(&log), [(4, start)]);

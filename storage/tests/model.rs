@@ -44,7 +44,9 @@ enum Op {
     Append(Vec<(u8, u8, u16)>),
     Roll,
     Truncate(u16),
-    Retention(u16),
+    /// retention.bytes, and where the high watermark sits between the log
+    /// start and end (a seed).
+    Retention(u16, u16),
     DeleteRecords(u16),
     Reopen,
     Crash(Damage),
@@ -64,7 +66,7 @@ fn op() -> impl Strategy<Value = Op> {
         12 => prop::collection::vec(batch, 1..4).prop_map(Op::Append),
         1 => Just(Op::Roll),
         2 => any::<u16>().prop_map(Op::Truncate),
-        1 => (0u16..4096).prop_map(Op::Retention),
+        1 => ((0u16..4096), any::<u16>()).prop_map(|(b, h)| Op::Retention(b, h)),
         2 => any::<u16>().prop_map(Op::DeleteRecords),
         1 => Just(Op::Reopen),
         2 => damage.prop_map(Op::Crash),
@@ -288,13 +290,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 model.truncate(offset);
                 sync_end(&mut model, l)?;
             }
-            Op::Retention(bytes) => {
+            Op::Retention(bytes, hw) => {
+                let hw = model.start + hw as i64 % (model.end - model.start + 1);
                 let old = l.config().clone();
                 l.set_config(LogConfig { retention_bytes: bytes as i64, ..old.clone() });
-                l.enforce_retention(now_ms).unwrap();
+                l.enforce_retention(now_ms, hw).unwrap();
                 l.set_config(old);
                 let start = l.log_start_offset();
                 prop_assert!(start >= model.start && start <= model.end);
+                // Retention never deletes what the high watermark does not cover.
+                prop_assert!(start <= hw, "log start {} beyond the high watermark {}", start, hw);
                 // A segment base: never inside a batch.
                 prop_assert!(!model.batches.iter().any(|b| b.base < start && b.last >= start));
                 model.advance_start(start);

@@ -274,7 +274,7 @@ fn retention_by_time_and_bytes_advances_log_start() {
     assert!(segments > 6);
 
     log.set_config(LogConfig { retention_ms: 50_000, ..cfg.clone() });
-    let deleted = log.enforce_retention(101_000).unwrap();
+    let deleted = log.enforce_retention(101_000, i64::MAX).unwrap();
     assert!(deleted > 0);
     let start = log.log_start_offset();
     assert!(start > 0 && start <= 60, "start {start}");
@@ -283,7 +283,7 @@ fn retention_by_time_and_bytes_advances_log_start() {
     assert_eq!(log.lookup_timestamp(0).unwrap().unwrap().batch[..8], start.to_be_bytes());
 
     log.set_config(LogConfig { retention_bytes: 5_000, ..cfg.clone() });
-    log.enforce_retention(101_000).unwrap();
+    log.enforce_retention(101_000, i64::MAX).unwrap();
     assert!(log.log_start_offset() > start);
     assert!(log.size_bytes() >= 5_000 || log.segment_count() == 1);
     let size_after = log.size_bytes();
@@ -293,7 +293,7 @@ fn retention_by_time_and_bytes_advances_log_start() {
 
     // Everything expired: the active segment is rolled and deleted too.
     log.set_config(LogConfig { retention_ms: 10, ..cfg.clone() });
-    log.enforce_retention(1_000_000).unwrap();
+    log.enforce_retention(1_000_000, i64::MAX).unwrap();
     assert_eq!(log.segment_count(), 1);
     assert_eq!(log.log_start_offset(), 120);
     assert_eq!(log.log_end_offset(), 120);
@@ -356,7 +356,7 @@ fn slices_outlive_deleted_segments() {
     let info = log.read(0, 200, i64::MAX, true).unwrap();
     log.delete_records(log.log_end_offset()).unwrap();
     log.set_config(LogConfig { retention_bytes: 0, ..config() });
-    log.enforce_retention(0).unwrap();
+    log.enforce_retention(0, i64::MAX).unwrap();
     assert!(!segment_files(dir.path(), "log")[0].ends_with("00000000000000000000.log"));
     let mut got = Vec::new();
     info.slices[0].read_into(&mut got).unwrap();
