@@ -73,6 +73,9 @@ struct Args {
     /// Partitions for the topic if it has to be created.
     #[arg(long, default_value_t = 1)]
     partitions: i32,
+    /// Replication factor for the topic if it has to be created.
+    #[arg(long, default_value_t = 1)]
+    replication_factor: i32,
     /// acks: all, -1, 0 or 1.
     #[arg(long, default_value = "all")]
     acks: String,
@@ -223,7 +226,7 @@ fn ensure_topic(args: &Args) -> Result<i32, String> {
         return Ok(n);
     }
     let admin: AdminClient<DefaultClientContext> = base_config(args).create().map_err(|e| e.to_string())?;
-    let topic = NewTopic::new(&args.topic, args.partitions, TopicReplication::Fixed(1));
+    let topic = NewTopic::new(&args.topic, args.partitions, TopicReplication::Fixed(args.replication_factor));
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let results = rt.block_on(admin.create_topics([&topic], &opts)).map_err(|e| e.to_string())?;
