@@ -500,19 +500,29 @@ impl Partition {
         self.publish(effects)
     }
 
-    /// The controller's answer to an ISR change this leader proposed.
+    /// Whether `proposal` is still this leader's pending ISR change.
+    pub fn isr_change_pending(&self, proposal: &super::state::IsrProposal) -> bool {
+        self.lock_state().is_pending(proposal)
+    }
+
+    /// The controller's answer to an ISR change this leader proposed
+    /// (see [`super::state::IsrAnswer`]).
     pub fn isr_change_done(
         &self,
         proposal: &super::state::IsrProposal,
-        committed: Option<(i32, i32, Vec<i32>)>,
+        answer: super::state::IsrAnswer,
     ) -> Vec<Effect> {
+        use super::state::IsrAnswer;
         let mut state = self.lock_state();
-        let effects = match committed {
-            Some((leader_epoch, partition_epoch, isr)) => state.proposal_committed(leader_epoch, partition_epoch, isr),
-            None => {
+        let effects = match answer {
+            IsrAnswer::Committed { leader_epoch, partition_epoch, isr } => {
+                state.proposal_committed(leader_epoch, partition_epoch, isr)
+            }
+            IsrAnswer::Refused => {
                 state.proposal_failed(proposal);
                 Vec::new()
             }
+            IsrAnswer::Overtaken | IsrAnswer::Retry => Vec::new(),
         };
         drop(state);
         let rest = self.publish(effects);

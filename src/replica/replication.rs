@@ -12,10 +12,10 @@ use uuid::Uuid;
 
 use super::fetcher::Fetchers;
 use super::partition::Partition;
-use super::state::{Effect, IsrProposal};
+use super::state::{isr_answer, Effect, IsrAnswer, IsrProposal};
 use super::ReplicaManager;
 use crate::cluster::ClusterNode;
-use crate::controller::core::{Reply, Request};
+use crate::controller::core::Request;
 use crate::metadata::image::ClusterImage;
 
 pub struct Replication {
@@ -104,7 +104,9 @@ impl Replication {
     }
 }
 
-/// Sends one ISR change to the controller and gives the partition the answer.
+/// Sends one ISR change to the controller and gives the partition the
+/// answer; one left unanswered is sent again, after a pause, for as long as
+/// it is still the partition's pending change.
 async fn alter_isr(node: Arc<ClusterNode>, topic_id: Uuid, partition: Arc<Partition>, proposal: IsrProposal) {
     let request = Request::AlterPartition {
         broker_id: node.node_id,
@@ -116,24 +118,31 @@ async fn alter_isr(node: Arc<ClusterNode>, topic_id: Uuid, partition: Arc<Partit
         new_isr: proposal.isr.clone(),
     };
     tracing::info!(topic = %partition.topic, partition = partition.index, isr = ?proposal.isr, "proposing an ISR change");
-    let committed = match node.submit(request).await {
-        Ok(Reply::PartitionAltered { leader, leader_epoch, partition_epoch, isr }) if leader == node.node_id => {
-            Some((leader_epoch, partition_epoch, isr))
+    loop {
+        let reply = match node.submit(request.clone()).await {
+            Ok(reply) => Some(reply),
+            Err(e) => {
+                tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "ISR change not sent");
+                None
+            }
+        };
+        let answer = isr_answer(node.node_id, reply.as_ref());
+        if answer != IsrAnswer::Retry && !matches!(answer, IsrAnswer::Committed { .. }) {
+            tracing::info!(topic = %partition.topic, partition = partition.index, reply = ?reply, ?answer, "ISR change not made");
         }
-        Ok(other) => {
-            tracing::info!(topic = %partition.topic, partition = partition.index, reply = ?other, "ISR change not made");
-            None
+        // A refusal is proposed again by the next fetch or check, after a
+        // pause, so a controller that refuses is not asked in a loop.
+        if matches!(answer, IsrAnswer::Refused | IsrAnswer::Retry) {
+            tokio::time::sleep(Duration::from_millis(500)).await;
         }
-        Err(e) => {
-            tracing::warn!(topic = %partition.topic, partition = partition.index, error = %e, "ISR change not sent");
-            None
+        if answer == IsrAnswer::Retry {
+            if partition.isr_change_pending(&proposal) {
+                continue;
+            }
+            return;
         }
-    };
-    // Whatever the answer, the next fetch or check proposes again if needed
-    // (after a pause, so a controller that refuses is not asked in a loop).
-    if committed.is_none() {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let rest = partition.isr_change_done(&proposal, answer);
+        debug_assert!(rest.iter().all(|e| matches!(e, Effect::HighWatermark(_))));
+        return;
     }
-    let rest = partition.isr_change_done(&proposal, committed);
-    debug_assert!(rest.iter().all(|e| matches!(e, Effect::HighWatermark(_))));
 }

@@ -15,7 +15,9 @@
 //!   reaches the high watermark and the current leader epoch's start offset
 //!   comes back;
 //! - ISR changes go to the controller one at a time (AlterPartition) and
-//!   take effect when the image carries them.
+//!   take effect when the image carries them; one the controller's answer
+//!   says was overtaken stays pending until the image moves on, and one
+//!   left unanswered is asked again (see [`isr_answer`]).
 //!
 //! [`Partition`](super::Partition) holds one of these under a lock and
 //! carries out what the steps return; `tests/replication_sim.rs` drives the
@@ -23,7 +25,52 @@
 
 use std::collections::BTreeMap;
 
+use crate::controller::core::{ControllerError, Reply};
 use crate::metadata::image::{PartitionRegistration, NO_LEADER};
+
+/// What a leader makes of the controller's answer to its ISR change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IsrAnswer {
+    /// Adopt it ([`PartitionState::proposal_committed`]).
+    Committed { leader_epoch: i32, partition_epoch: i32, isr: Vec<i32> },
+    /// Another change to the partition committed, perhaps built on this
+    /// one (the expansion that completed a reassignment and moved the
+    /// leadership away, say). The proposal stays pending, so a member it
+    /// adds still holds the high watermark back, until the image carrying
+    /// that change arrives and ends it, as Kafka waits for metadata after
+    /// FENCED_LEADER_EPOCH and INVALID_UPDATE_VERSION. Dropping it instead
+    /// would let this leader commit, with its old ISR, records that a new
+    /// leader taken from the new ISR does not have.
+    Overtaken,
+    /// Refused without being applied: no longer pending
+    /// ([`PartitionState::proposal_failed`]), proposed again when needed.
+    Refused,
+    /// Unanswered (timed out, no controller reachable) or answered by a
+    /// controller behind this leader: it may yet apply, so it stays pending
+    /// and is asked again.
+    Retry,
+}
+
+/// Kafka's reading of an AlterPartition answer to broker `me`.
+pub fn isr_answer(me: i32, reply: Option<&Reply>) -> IsrAnswer {
+    match reply {
+        None => IsrAnswer::Retry,
+        Some(Reply::PartitionAltered { leader, leader_epoch, partition_epoch, isr }) if *leader == me => {
+            IsrAnswer::Committed { leader_epoch: *leader_epoch, partition_epoch: *partition_epoch, isr: isr.clone() }
+        }
+        Some(Reply::PartitionAltered { .. }) => IsrAnswer::Overtaken,
+        Some(Reply::Error(e)) => match e {
+            ControllerError::FencedLeaderEpoch { .. }
+            | ControllerError::StalePartitionEpoch { .. }
+            | ControllerError::NotLeader { .. }
+            | ControllerError::UnknownTopicId(_)
+            | ControllerError::UnknownPartition { .. } => IsrAnswer::Overtaken,
+            ControllerError::EpochsAhead { .. } => IsrAnswer::Retry,
+            _ => IsrAnswer::Refused,
+        },
+        Some(_) => IsrAnswer::Refused,
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -325,8 +372,14 @@ impl PartitionState {
         effects
     }
 
-    /// The controller refused or lost `proposal`: it is no longer pending,
-    /// so the next check may propose again.
+    /// Whether `proposal` is still the one pending (an unanswered one is
+    /// asked again only while it is).
+    pub fn is_pending(&self, proposal: &IsrProposal) -> bool {
+        self.pending.as_ref() == Some(proposal)
+    }
+
+    /// The controller refused `proposal` without applying it: it is no
+    /// longer pending, so the next check may propose again.
     pub fn proposal_failed(&mut self, proposal: &IsrProposal) {
         if self.pending.as_ref() == Some(proposal) {
             self.pending = None;
@@ -487,6 +540,8 @@ mod tests {
             partition_epoch,
             adding_replicas: vec![],
             removing_replicas: vec![],
+            elr: vec![],
+            last_known_elr: vec![],
         }
     }
 
