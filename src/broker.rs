@@ -256,6 +256,7 @@ impl Broker {
                 node.clone(),
                 endpoints,
                 config.rack.clone(),
+                state.replicas.previous_clean_shutdown,
                 shutdown_rx.clone(),
             ));
         }

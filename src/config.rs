@@ -173,6 +173,8 @@ pub struct QuorumSettings {
     /// `unclean.leader.election.enable`, for the controller (see
     /// [`BrokerConfig::unclean_leader_election_enable`]).
     pub unclean_leader_election: bool,
+    /// `min.insync.replicas`, for the controller's eligible leader replicas.
+    pub min_insync_replicas: i32,
     /// Seeds the controller's ids (topic ids, hence placement) so a test
     /// run repeats; not a server.properties key (random when `None`).
     pub seed: Option<u64>,
@@ -665,6 +667,7 @@ impl BrokerConfig {
                 metadata_log_dir: metadata_log_dir.unwrap_or_else(|| config.log_dir.clone()),
                 leader_rebalance_interval_ms: auto_leader_rebalance.then_some(leader_imbalance_check_interval_ms),
                 unclean_leader_election: config.unclean_leader_election_enable,
+                min_insync_replicas: config.min_insync_replicas,
                 seed: None,
             });
         } else if let Some((r, at)) = roles {

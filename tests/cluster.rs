@@ -237,7 +237,8 @@ async fn describe_topic_partitions_pages(cluster: &TestCluster, spread_leaders: 
 
 /// DescribeQuorum (kafka-metadata-quorum) on a broker that is not the active
 /// controller is answered with the leader's view; ApiVersions carries the
-/// cluster's metadata.version (kafka-features describe).
+/// cluster's metadata.version and eligible.leader.replicas.version
+/// (kafka-features describe).
 async fn describe_quorum_and_features(cluster: &TestCluster) {
     use kafka_protocol::messages::describe_quorum_request::{PartitionData, TopicData};
     let active = cluster.active_controller().expect("an active controller");
@@ -274,6 +275,8 @@ async fn describe_quorum_and_features(cluster: &TestCluster) {
     assert!(versions.api_keys.iter().any(|k| k.api_key == 55 && k.max_version == 2), "DescribeQuorum advertised");
     let mv = versions.finalized_features.iter().find(|f| f.name.as_str() == "metadata.version").expect("finalized");
     assert_eq!((mv.min_version_level, mv.max_version_level), (27, 27));
+    let elr = versions.finalized_features.iter().find(|f| f.name.as_str() == "eligible.leader.replicas.version");
+    assert_eq!(elr.map(|f| (f.min_version_level, f.max_version_level)), Some((1, 1)), "ELR on (KIP-966)");
     assert!(versions.finalized_features_epoch > 0);
 }
 

@@ -103,6 +103,7 @@ async fn register(nodes: &[Node], broker_id: i32) -> i64 {
             incarnation_id: uuid::Uuid::new_v4(),
             endpoints: vec![Endpoint { name: "PLAINTEXT".into(), host: "127.0.0.1".into(), port: 1 }],
             rack: None,
+            clean_shutdown: true,
         },
     )
     .await;

@@ -84,7 +84,9 @@ fn read_partition(bootstrap: &str, topic: &str, partition: i32, expected: usize)
 /// its segment files (whole batches: replicas must be byte-identical).
 fn log_bytes(cluster: &TestCluster, id: i32, topic: &str, partition: i32, end: i64) -> Vec<u8> {
     let p = cluster.state(id).replicas.partition(topic, partition).expect("hosted");
-    let (info, _, _) = p.read(0, 1 << 30, false, true).expect("readable");
+    // To the log end: a follower's high watermark may lag the leader's
+    // until its next fetch, but what is below `end` is in its log.
+    let info = p.read_to_log_end(0, 1 << 30).expect("readable");
     let mut bytes = Vec::new();
     for slice in &info.slices {
         slice.read_into(&mut bytes).unwrap();
@@ -529,7 +531,7 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
     }
     wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
         let md = partition_metadata(&bootstrap, "unclean");
-        async move { (md[&0] == (1, vec![1, 2], vec![1, 2])).then_some(()) }
+        async move { (md.get(&0) == Some(&(1, vec![1, 2], vec![1, 2]))).then_some(()) }
     })
     .await;
     // Broker 2 stops; broker 1, alone in the ISR, takes ten records; then it stops too.
@@ -655,7 +657,7 @@ async fn reassignment_moves_a_replica_and_a_cancelled_one_goes_back() {
     }
     wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
         let md = partition_metadata(&bootstrap, "moved");
-        async move { (md[&0] == (1, vec![1, 2], vec![1, 2])).then_some(()) }
+        async move { (md.get(&0) == Some(&(1, vec![1, 2], vec![1, 2]))).then_some(()) }
     })
     .await;
     let first: Vec<String> = (0..200).map(|i| format!("v-{i}")).collect();
@@ -728,5 +730,95 @@ async fn reassignment_moves_a_replica_and_a_cancelled_one_goes_back() {
     assert_eq!(read.len(), 260);
     assert!(read.iter().enumerate().all(|(i, (o, v))| *o == i as i64 && *v == format!("v-{i}")));
     assert!(cluster.state(1).replicas.partition("moved", 0).is_none(), "broker 1 is not a replica after the cancel");
+    cluster.shutdown().await;
+}
+
+/// (leader, ISR, ELR, last known ELR; the lists sorted) of partition 0 of `topic`, as
+/// DescribeTopicPartitions (Kafka 4.1's `kafka-topics --describe`) answers
+/// on broker `id`.
+async fn eligible_replicas(cluster: &TestCluster, id: i32, topic: &str) -> (i32, Vec<i32>, Vec<i32>, Vec<i32>) {
+    use kafka_protocol::messages::describe_topic_partitions_request::TopicRequest;
+    use kafka_protocol::messages::{DescribeTopicPartitionsRequest, TopicName};
+    use kafka_protocol::protocol::StrBytes;
+    let request = DescribeTopicPartitionsRequest::default()
+        .with_topics(vec![TopicRequest::default().with_name(TopicName(StrBytes::from_string(topic.to_string())))])
+        .with_response_partition_limit(10);
+    let response = RawConn::connect(cluster.addr(id)).await.call(&request, 0).await;
+    let p = &response.topics[0].partitions[0];
+    // Sets, in id order.
+    let ids = |v: &[kafka_protocol::messages::BrokerId]| {
+        let mut ids = v.iter().map(|b| b.0).collect::<Vec<i32>>();
+        ids.sort_unstable();
+        ids
+    };
+    let list = |v: &Option<Vec<kafka_protocol::messages::BrokerId>>| ids(v.as_deref().unwrap_or_default());
+    (p.leader_id.0, ids(&p.isr_nodes), list(&p.eligible_leader_replicas), list(&p.last_known_elr))
+}
+
+/// Waits until broker 5 describes partition `elr`-0 as `want`.
+async fn state_is(cluster: &TestCluster, want: (i32, Vec<i32>, Vec<i32>, Vec<i32>), what: &str) {
+    let got = std::sync::Mutex::new(None);
+    let waited = tokio::time::timeout(READY, async {
+        loop {
+            let now = eligible_replicas(cluster, 5, "elr").await;
+            if now == want {
+                return;
+            }
+            *got.lock().unwrap() = Some(now);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "{what}: want {want:?}, last {:?}", got.lock().unwrap());
+}
+
+/// Eligible leader replicas (KIP-966) through real brokers: a replica that
+/// left the ISR below min.insync.replicas stays eligible and leads once the
+/// ISR is empty, while the last ISR member, back from what its log
+/// directory says was a crash (no clean-shutdown marker), may not, as it may
+/// have lost its unflushed tail. Broker 5 holds no replica and answers the
+/// checks while the others are down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_eligible_replica_leads_over_the_last_isr_member_back_from_a_crash() {
+    use common::cluster::Role;
+    let roles = [Role::Controller, Role::Broker, Role::Broker, Role::Broker, Role::Broker];
+    let mut cluster = TestCluster::start_roles(&roles, &["auto.leader.rebalance.enable=false"]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(5);
+    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
+    let topic = NewTopic::new("elr", 1, TopicReplication::Variable(&[&[2, 3, 4]])).set("min.insync.replicas", "2");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
+        r.expect("topic created");
+    }
+    let values: Vec<String> = (0..20).map(|i| format!("v-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "elr", 0, &values).await, (0..20).collect::<Vec<i64>>());
+    // 3 stops: the ISR is still at min ISR, nobody is eligible.
+    cluster.stop(3).await;
+    state_is(&cluster, (2, vec![2, 4], vec![], vec![]), "3 out of the ISR").await;
+    // 4 stops cleanly: below min ISR it stays eligible.
+    cluster.stop(4).await;
+    state_is(&cluster, (2, vec![2], vec![4], vec![]), "4 eligible").await;
+    // 2, the last in the ISR, stops: no leader, both eligible, 2 the last leader.
+    cluster.stop(2).await;
+    state_is(&cluster, (-1, vec![], vec![2, 4], vec![2]), "2 eligible too").await;
+    // 2 comes back as if it had crashed: it is not eligible any more and
+    // does not lead.
+    let marker = cluster.config(1).log_dir.join(strand::replica::CLEAN_SHUTDOWN_FILE);
+    std::fs::remove_file(&marker).expect("broker 2 wrote its clean-shutdown marker");
+    cluster.restart(2).await;
+    wait_for("broker 2 registered and unfenced", READY, Duration::from_millis(50), || {
+        let up = cluster.state(5).cluster().unwrap().image().brokers.get(&2).is_some_and(|b| b.is_active());
+        async move { up.then_some(()) }
+    })
+    .await;
+    state_is(&cluster, (-1, vec![], vec![4], vec![2]), "2 not eligible after a crash").await;
+    // 4, eligible, comes back and leads; 2 follows and rejoins; at min ISR
+    // again nobody is eligible.
+    cluster.restart(4).await;
+    state_is(&cluster, (4, vec![2, 4], vec![], vec![]), "4 leading with 2 back in sync").await;
+    let read = read_partition(&bootstrap, "elr", 0, 20);
+    assert_eq!(read, values.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
+    cluster.restart(3).await;
     cluster.shutdown().await;
 }

@@ -6,7 +6,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_response::{ApiVersion, FinalizedFeatureKey, SupportedFeatureKey};
 use kafka_protocol::messages::{ApiVersionsRequest, ApiVersionsResponse};
 
-use super::versions::{advertised, METADATA_VERSION};
+use super::versions::{advertised, FEATURES};
 use super::{str_bytes, RequestContext};
 
 fn api_keys(cluster: bool) -> Vec<ApiVersion> {
@@ -23,10 +23,12 @@ pub fn handle(ctx: &RequestContext, _req: ApiVersionsRequest) -> ApiVersionsResp
     };
     // Features exist from v3 on; the encoder skips them for older versions.
     let image = cluster.image();
-    let supported = vec![SupportedFeatureKey::default()
-        .with_name(str_bytes("metadata.version"))
-        .with_min_version(METADATA_VERSION)
-        .with_max_version(METADATA_VERSION)];
+    let supported = FEATURES
+        .iter()
+        .map(|(name, level)| {
+            SupportedFeatureKey::default().with_name(str_bytes(name)).with_min_version(*level).with_max_version(*level)
+        })
+        .collect();
     let finalized = image
         .features
         .iter()

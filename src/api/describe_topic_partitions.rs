@@ -7,14 +7,15 @@
 //! UNKNOWN_TOPIC_OR_PARTITION), or every topic when none is named. At most
 //! `min(ResponsePartitionLimit, 2000)` partitions go in one response; when
 //! more are left, `NextCursor` names the first of them and the client asks
-//! again from there. Eligible leader replicas are not kept yet (KIP-966's
-//! ELR is not built), so both ELR lists are empty.
+//! again from there. Each partition carries its eligible leader replicas
+//! and last known ELR from the metadata image (KIP-966; both empty on a
+//! single node, which has no replicas to elect).
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::describe_topic_partitions_response::{
     Cursor, DescribeTopicPartitionsResponsePartition, DescribeTopicPartitionsResponseTopic,
 };
-use kafka_protocol::messages::{DescribeTopicPartitionsRequest, DescribeTopicPartitionsResponse, TopicName};
+use kafka_protocol::messages::{BrokerId, DescribeTopicPartitionsRequest, DescribeTopicPartitionsResponse, TopicName};
 use uuid::Uuid;
 
 use super::{metadata, str_bytes, RequestContext};
@@ -47,6 +48,8 @@ pub fn handle(ctx: &RequestContext, req: DescribeTopicPartitionsRequest) -> Desc
             return DescribeTopicPartitionsResponse::default().with_topics(vec![error]);
         }
     }
+    let image = ctx.state.cluster().map(|c| c.image());
+    let ids = |v: &[i32]| v.iter().map(|b| BrokerId(*b)).collect::<Vec<_>>();
     let mut budget = req.response_partition_limit.clamp(1, MAX_PARTITIONS_PER_RESPONSE) as usize;
     let mut topics = Vec::new();
     let mut next_cursor = None;
@@ -82,6 +85,8 @@ pub fn handle(ctx: &RequestContext, req: DescribeTopicPartitionsRequest) -> Desc
             .into_iter()
             .take(taken)
             .map(|p| {
+                let reg = image.as_ref().and_then(|i| i.partition(name, p.partition_index));
+                let (elr, last_known) = reg.map_or((vec![], vec![]), |r| (ids(&r.elr), ids(&r.last_known_elr)));
                 DescribeTopicPartitionsResponsePartition::default()
                     .with_error_code(p.error_code)
                     .with_partition_index(p.partition_index)
@@ -89,8 +94,8 @@ pub fn handle(ctx: &RequestContext, req: DescribeTopicPartitionsRequest) -> Desc
                     .with_leader_epoch(p.leader_epoch)
                     .with_replica_nodes(p.replica_nodes)
                     .with_isr_nodes(p.isr_nodes)
-                    .with_eligible_leader_replicas(Some(vec![]))
-                    .with_last_known_elr(Some(vec![]))
+                    .with_eligible_leader_replicas(Some(elr))
+                    .with_last_known_elr(Some(last_known))
                     .with_offline_replicas(p.offline_replicas)
             })
             .collect();

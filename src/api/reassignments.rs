@@ -108,6 +108,8 @@ fn single_node(
                     partition_epoch: 0,
                     adding_replicas: vec![],
                     removing_replicas: vec![],
+                    elr: vec![],
+                    last_known_elr: vec![],
                 };
                 match target {
                     Some(target) => {

@@ -73,6 +73,14 @@ pub fn is_supported(key: ApiKey, version: i16, cluster: bool) -> bool {
 /// the finalized level.
 pub const METADATA_VERSION: i16 = 27;
 
+/// The `eligible.leader.replicas.version` feature level (KIP-966): on, as
+/// in a new Kafka 4.1 cluster, and the only behaviour the controller has.
+pub const ELIGIBLE_LEADER_REPLICAS_VERSION: i16 = 1;
+
+/// Every feature a cluster finalizes, with the one level Strand implements.
+pub const FEATURES: [(&str, i16); 2] =
+    [("metadata.version", METADATA_VERSION), ("eligible.leader.replicas.version", ELIGIBLE_LEADER_REPLICAS_VERSION)];
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,9 @@
 //! reaches its registration), re-registers if the controller no longer
 //! knows its epoch, and on shutdown asks for a controlled shutdown:
 //! heartbeats saying so until the controller reports it leads nothing.
+//! The first registration says whether the previous run stopped cleanly
+//! (so a broker that crashed is not elected from the eligible leader
+//! replicas); a later one in the same run is clean, nothing was lost.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,15 +25,21 @@ pub async fn run(
     node: Arc<ClusterNode>,
     endpoints: Vec<Endpoint>,
     rack: Option<String>,
+    previous_clean_shutdown: bool,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut clean_shutdown = previous_clean_shutdown;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let step = async {
             if node.broker_epoch() < 0 {
-                register(&node, &endpoints, &rack).await
+                let wait = register(&node, &endpoints, &rack, clean_shutdown).await;
+                if node.broker_epoch() >= 0 {
+                    clean_shutdown = true;
+                }
+                wait
             } else {
                 heartbeat(&node, false).await
             }
@@ -48,12 +57,13 @@ pub async fn run(
 }
 
 /// Registers; returns how long to wait before the next step.
-async fn register(node: &ClusterNode, endpoints: &[Endpoint], rack: &Option<String>) -> Duration {
+async fn register(node: &ClusterNode, endpoints: &[Endpoint], rack: &Option<String>, clean_shutdown: bool) -> Duration {
     let request = Request::Register {
         broker_id: node.node_id,
         incarnation_id: node.incarnation_id,
         endpoints: endpoints.to_vec(),
         rack: rack.clone(),
+        clean_shutdown,
     };
     match node.submit(request).await {
         Ok(Reply::Registered { epoch }) => {

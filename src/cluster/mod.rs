@@ -99,6 +99,7 @@ impl ClusterNode {
                 settings.session_timeout_ms = quorum.session_timeout_ms;
                 settings.leader_rebalance_interval_ms = quorum.leader_rebalance_interval_ms;
                 settings.unclean_leader_election = quorum.unclean_leader_election;
+                settings.min_insync_replicas = quorum.min_insync_replicas;
                 settings.expected_cluster_id = meta.cluster_id.clone();
                 if let Some(seed) = quorum.seed {
                     settings.seed = seed;

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::eligible;
 use super::reassignment::{self, ReassignmentError, ReassignmentResult, ReplicaChange};
 use crate::metadata::image::{Applied, ClusterImage, PartitionRegistration, NO_LEADER};
 use crate::metadata::placement::{self, Candidate, PlacementError};
@@ -32,6 +33,11 @@ pub enum Request {
         incarnation_id: Uuid,
         endpoints: Vec<Endpoint>,
         rack: Option<String>,
+        /// Whether the broker's previous run stopped cleanly (its logs
+        /// flushed; Kafka's PreviousBrokerEpoch matching): if not, it may
+        /// have lost an unflushed tail and leaves every ISR and ELR.
+        #[serde(default)]
+        clean_shutdown: bool,
     },
     Heartbeat {
         broker_id: i32,
@@ -248,6 +254,10 @@ pub struct CoreSettings {
     /// the value for topics that set none when no cluster-wide dynamic
     /// default does either.
     pub unclean_leader_election: bool,
+    /// `min.insync.replicas` of this node's server.properties, for topics
+    /// that set none when no cluster-wide dynamic default does either: the
+    /// ISR size below which replicas leaving it stay eligible to lead.
+    pub min_insync_replicas: i32,
     /// Seeds the ids the core makes up (topic ids, hence placement, and
     /// proposal ids): the core does no I/O and takes no randomness from
     /// outside, so the same seed and inputs give the same decisions. The
@@ -348,7 +358,7 @@ impl ControllerCore {
 
     fn request(&mut self, id: RequestId, request: Request, now_ms: u64) -> Vec<Effect> {
         match &request {
-            Request::Register { broker_id, incarnation_id, endpoints, rack } => {
+            Request::Register { broker_id, incarnation_id, endpoints, rack, clean_shutdown } => {
                 if let Some(b) = self.image.brokers.get(broker_id).filter(|b| b.incarnation_id == *incarnation_id) {
                     return Self::reply(id, Reply::Registered { epoch: b.epoch });
                 }
@@ -360,9 +370,11 @@ impl ControllerCore {
                     endpoints: endpoints.clone(),
                     rack: rack.clone(),
                 }];
-                // A restarted broker's old incarnation leads nothing from now on.
-                if let Some(old) = self.image.brokers.get(broker_id) {
-                    records.extend(self.leadership_moves_away(&[old.id]));
+                // A restarted broker's old incarnation leads nothing from now
+                // on; after a crash it is not eligible to either.
+                let unclean: &[i32] = if *clean_shutdown { &[] } else { std::slice::from_ref(broker_id) };
+                if self.image.brokers.contains_key(broker_id) || !unclean.is_empty() {
+                    records.extend(self.leadership_moves_away(&[*broker_id], unclean));
                 }
                 self.propose(id, request, records)
             }
@@ -377,7 +389,7 @@ impl ControllerCore {
                     if !b.in_controlled_shutdown {
                         records.push(MetadataRecord::BeginControlledShutdown { broker_id: *broker_id, epoch: *epoch });
                     }
-                    records.extend(self.leadership_moves_away(&[*broker_id]));
+                    records.extend(self.leadership_moves_away(&[*broker_id], &[]));
                 } else if b.fenced && *applied_offset >= b.epoch as u64 {
                     // Caught up with the log up to its own registration: it may lead.
                     records.push(MetadataRecord::UnfenceBroker { broker_id: *broker_id, epoch: *epoch });
@@ -495,7 +507,8 @@ impl ControllerCore {
                 // completes a reassignment, in the same change (as Kafka).
                 let change = reassignment::completion(reg, new_isr, |b| self.is_active(b))
                     .unwrap_or(ReplicaChange { isr: Some(new_isr.clone()), ..Default::default() });
-                let records = vec![change_record(*topic_id, *partition, reg, change)];
+                let name = &self.image.topics[topic_id].name;
+                let records = vec![change_record(*topic_id, *partition, reg, self.with_elr(name, reg, change))];
                 self.propose(id, request, records)
             }
             Request::AllocateProducerIds { broker_id } => {
@@ -586,19 +599,25 @@ impl ControllerCore {
     /// Brokers `leaving` (fenced, restarted or shutting down) leave every
     /// ISR they are in, and the partitions they lead get the next leader
     /// from the ISR (see [`settle`]). One conditional change per partition.
-    fn leadership_moves_away(&self, leaving: &[i32]) -> Vec<MetadataRecord> {
+    fn leadership_moves_away(&self, leaving: &[i32], unclean_shutdown: &[i32]) -> Vec<MetadataRecord> {
         self.settle_partitions(
-            |p| leaving.iter().any(|b| p.isr.contains(b)),
+            |p| leaving.iter().any(|b| p.isr.contains(b) || (unclean_shutdown.contains(b) && p.elr.contains(b))),
             |b| !leaving.contains(&b) && self.is_active(b),
+            unclean_shutdown,
         )
     }
 
-    /// Offline partitions whose ISR holds `broker`, being unfenced, get a
-    /// leader again (it, unless an earlier replica of the ISR is active).
+    /// Offline partitions `broker`, being unfenced, may lead (it is in
+    /// their ISR or ELR, or was their last leader) get a leader again (it,
+    /// unless an earlier replica that may is active).
     fn leadership_returns(&self, broker: i32) -> Vec<MetadataRecord> {
         self.settle_partitions(
-            |p| p.leader == NO_LEADER && p.isr.contains(&broker),
+            |p| {
+                p.leader == NO_LEADER
+                    && (p.isr.contains(&broker) || p.elr.contains(&broker) || p.last_known_elr.contains(&broker))
+            },
             |b| b == broker || self.is_active(b),
+            &[],
         )
     }
 
@@ -608,24 +627,34 @@ impl ControllerCore {
         &self,
         selected: impl Fn(&PartitionRegistration) -> bool,
         active: impl Fn(i32) -> bool,
+        unclean_shutdown: &[i32],
     ) -> Vec<MetadataRecord> {
         let mut out = Vec::new();
         for t in self.image.topics.values() {
             let unclean = self.unclean_leader_election(&t.name);
+            let min_isr = self.min_insync_replicas(&t.name);
             for (p, reg) in t.partitions.iter().filter(|(_, reg)| selected(reg)) {
-                if let Some((leader, isr)) = settle(reg, &active, unclean) {
-                    out.push(MetadataRecord::PartitionChange {
-                        topic_id: t.id,
-                        partition: *p,
-                        expected_partition_epoch: reg.partition_epoch,
-                        leader,
-                        isr,
-                        assignment: None,
-                    });
+                if let Some(change) = settle(reg, &active, unclean, min_isr, unclean_shutdown) {
+                    out.push(change_record(t.id, *p, reg, change));
                 }
             }
         }
         out
+    }
+
+    /// `change` (not an election) to a partition of topic `name`, with the
+    /// eligible leader replicas it leaves.
+    fn with_elr(&self, name: &str, reg: &PartitionRegistration, change: ReplicaChange) -> ReplicaChange {
+        eligible::complete(reg, change, self.min_insync_replicas(name), &[], false)
+    }
+
+    /// `min.insync.replicas` for topic `name` (its own, else the
+    /// cluster-wide dynamic default, else this node's file), at least 1.
+    fn min_insync_replicas(&self, name: &str) -> usize {
+        const KEY: &str = "min.insync.replicas";
+        let set = self.image.topic_configs.get(name).and_then(|c| c.get(KEY));
+        let value = set.or_else(|| self.image.broker_default_configs.get(KEY)).and_then(|v| v.parse::<i32>().ok());
+        value.unwrap_or(self.settings.min_insync_replicas).max(1) as usize
     }
 
     /// `unclean.leader.election.enable` for topic `name`: its own setting,
@@ -728,7 +757,7 @@ impl ControllerCore {
         let brokers: Vec<i32> = expired.iter().map(|(id, _)| *id).collect();
         let mut records: Vec<MetadataRecord> =
             expired.iter().map(|&(broker_id, epoch)| MetadataRecord::FenceBroker { broker_id, epoch }).collect();
-        records.extend(self.leadership_moves_away(&brokers));
+        records.extend(self.leadership_moves_away(&brokers, &[]));
         let batch = RecordBatch { proposal: self.new_id(), records };
         self.pending.insert(batch.proposal, Pending::Fence { brokers });
         vec![Effect::Propose(batch)]
@@ -743,7 +772,7 @@ impl ControllerCore {
         if self.last_repair_ms.is_some_and(|last| now_ms.saturating_sub(last) < REPAIR_INTERVAL_MS) {
             return Vec::new();
         }
-        let mut records = self.settle_partitions(|_| true, |b| self.is_active(b));
+        let mut records = self.settle_partitions(|_| true, |b| self.is_active(b), &[]);
         records.extend(self.completed_reassignments());
         if records.is_empty() {
             return Vec::new();
@@ -760,7 +789,7 @@ impl ControllerCore {
         for t in self.image.topics.values() {
             for (p, reg) in t.partitions.iter().filter(|(_, reg)| reg.is_reassigning()) {
                 if let Some(change) = reassignment::completion(reg, &reg.isr, |b| self.is_active(b)) {
-                    out.push(change_record(t.id, *p, reg, change));
+                    out.push(change_record(t.id, *p, reg, self.with_elr(&t.name, reg, change)));
                 }
             }
         }
@@ -811,7 +840,7 @@ impl ControllerCore {
             }
             None => reassignment::cancel(reg, active)?,
         };
-        Ok(change_record(t.id, partition, reg, change))
+        Ok(change_record(t.id, partition, reg, self.with_elr(&t.name, reg, change)))
     }
 
     /// An ElectLeaders request: each partition's election decided against
@@ -865,7 +894,7 @@ impl ControllerCore {
         let unknown = || ElectionError::UnknownTopicOrPartition(topic.to_string(), partition);
         let t = self.image.topic(topic).ok_or_else(unknown)?;
         let reg = t.partitions.get(&partition).ok_or_else(unknown)?;
-        let (leader, isr) = match election {
+        let change = match election {
             ElectionType::Preferred => {
                 let preferred = reg.replicas.first().copied().unwrap_or(NO_LEADER);
                 if reg.leader == preferred {
@@ -874,26 +903,20 @@ impl ControllerCore {
                 if !reg.isr.contains(&preferred) || !self.is_active(preferred) {
                     return Err(ElectionError::PreferredLeaderNotAvailable { preferred, isr: reg.isr.clone() });
                 }
-                (preferred, None)
+                self.with_elr(&t.name, reg, ReplicaChange { leader: Some(preferred), ..Default::default() })
             }
             ElectionType::Unclean => {
                 if reg.leader != NO_LEADER {
                     return Err(ElectionError::ElectionNotNeeded);
                 }
-                match settle(reg, |b| self.is_active(b), true) {
-                    Some((Some(leader), isr)) if leader != NO_LEADER => (leader, isr),
+                let min_isr = self.min_insync_replicas(&t.name);
+                match settle(reg, |b| self.is_active(b), true, min_isr, &[]) {
+                    Some(change) if change.leader.is_some_and(|l| l != NO_LEADER) => change,
                     _ => return Err(ElectionError::EligibleLeadersNotAvailable { replicas: reg.replicas.clone() }),
                 }
             }
         };
-        Ok(MetadataRecord::PartitionChange {
-            topic_id: t.id,
-            partition,
-            expected_partition_epoch: reg.partition_epoch,
-            leader: Some(leader),
-            isr,
-            assignment: None,
-        })
+        Ok(change_record(t.id, partition, reg, change))
     }
 
     /// An election's results once its batch committed: a change overtaken
@@ -1035,6 +1058,8 @@ fn change_record(topic_id: Uuid, partition: i32, reg: &PartitionRegistration, ch
         leader: change.leader,
         isr: change.isr,
         assignment: change.assignment,
+        elr: change.elr,
+        last_known_elr: change.last_known_elr,
     }
 }
 
@@ -1058,40 +1083,64 @@ fn same_members(a: &[i32], b: &[i32]) -> bool {
     sorted(a) == sorted(b)
 }
 
-/// The (leader, ISR) change that makes a partition agree with who is
-/// `active`, each `None` when unchanged, or `None` if nothing changes.
-/// Inactive brokers leave the ISR, except that the ISR never empties (as in
-/// Kafka without ELR: the last member, the leader if it was one, stays, so
-/// it can lead again when it comes back and no data is lost). A leader that
-/// is inactive or out of the ISR, or no leader, is replaced by the first
-/// replica, in replica order, that is an active ISR member (so the preferred
-/// replica when it can), or none (-1, offline); with `unclean` (the topic's
-/// `unclean.leader.election.enable`) none becomes the first active replica,
-/// alone in the ISR.
+/// The change that makes a partition agree with who is `active`, or `None`
+/// if nothing changes. Inactive brokers, and those in `unclean_shutdown`
+/// (restarted after a crash), leave the ISR, the last member too: it joins
+/// the eligible leader replicas instead while the ISR is below `min_isr`
+/// (see [`eligible`]). A leader that is inactive or out of the ISR, or no
+/// leader, is replaced by the first replica, in replica order, that is an
+/// active ISR member (so the preferred replica when it can), or with the
+/// ISR empty an active ELR member (which becomes the ISR); failing that,
+/// the partition's last known leader if it is the only one left and is
+/// active, else with `unclean` (the topic's
+/// `unclean.leader.election.enable`) the first active replica (both alone
+/// in the ISR, as an unclean election); else none (-1, offline).
 fn settle(
     reg: &PartitionRegistration,
     active: impl Fn(i32) -> bool,
     unclean: bool,
-) -> Option<(Option<i32>, Option<Vec<i32>>)> {
-    let mut isr: Vec<i32> = reg.isr.iter().copied().filter(|b| active(*b)).collect();
-    if isr.is_empty() {
-        let last = if reg.isr.contains(&reg.leader) { reg.leader } else { reg.isr.first().copied()? };
-        isr.push(last);
-    }
-    let mut leader = if isr.contains(&reg.leader) && active(reg.leader) {
+    min_isr: usize,
+    unclean_shutdown: &[i32],
+) -> Option<ReplicaChange> {
+    let mut isr: Vec<i32> = reg.isr.iter().copied().filter(|b| active(*b) && !unclean_shutdown.contains(b)).collect();
+    let elr = eligible::candidates(reg, &isr, &reg.replicas, min_isr, unclean_shutdown);
+    let valid = |r: i32| eligible::may_lead(r, &isr, &elr) && active(r);
+    let mut unclean_election = false;
+    let mut leader = if valid(reg.leader) {
         reg.leader
     } else {
-        reg.replicas.iter().copied().find(|r| isr.contains(r) && active(*r)).unwrap_or(NO_LEADER)
+        reg.replicas.iter().copied().find(|r| valid(*r)).unwrap_or(NO_LEADER)
     };
-    if leader == NO_LEADER && unclean {
+    if leader != NO_LEADER && isr.is_empty() {
+        // Elected from the ELR: it holds everything committed.
+        isr = vec![leader];
+    }
+    if leader == NO_LEADER && isr.is_empty() && elr.is_empty() {
+        let last_known = match reg.last_known_elr.as_slice() {
+            [last] if active(*last) => Some(*last),
+            _ if unclean => reg.replicas.iter().copied().find(|r| active(*r)),
+            _ => None,
+        };
+        if let Some(r) = last_known {
+            leader = r;
+            isr = vec![r];
+            unclean_election = true;
+        }
+    } else if leader == NO_LEADER && unclean {
         if let Some(r) = reg.replicas.iter().copied().find(|r| active(*r)) {
             leader = r;
             isr = vec![r];
+            unclean_election = true;
         }
     }
-    let leader = (leader != reg.leader).then_some(leader);
-    let isr = (isr != reg.isr).then_some(isr);
-    (leader.is_some() || isr.is_some()).then_some((leader, isr))
+    let change = ReplicaChange {
+        leader: (leader != reg.leader).then_some(leader),
+        isr: (isr != reg.isr).then_some(isr),
+        ..Default::default()
+    };
+    let change = eligible::complete(reg, change, min_isr, unclean_shutdown, unclean_election);
+    let changed = change.leader.is_some() || change.isr.is_some() || change.elr.is_some();
+    (changed || change.last_known_elr.is_some()).then_some(change)
 }
 
 /// The records of new partitions `first..` of a topic, each led by the
@@ -1130,6 +1179,7 @@ mod tests {
                 session_timeout_ms: 9000,
                 leader_rebalance_interval_ms: interval_ms,
                 unclean_leader_election: false,
+                min_insync_replicas: 1,
                 seed: 7,
             };
             Harness {
@@ -1162,11 +1212,18 @@ mod tests {
         }
 
         fn register(&mut self, broker_id: i32, now_ms: u64) -> i64 {
+            self.register_after(broker_id, now_ms, true)
+        }
+
+        /// Registers a new incarnation, saying whether the last stopped
+        /// cleanly, and unfences it.
+        fn register_after(&mut self, broker_id: i32, now_ms: u64, clean_shutdown: bool) -> i64 {
             let r = Request::Register {
                 broker_id,
                 incarnation_id: Uuid::new_v4(),
                 endpoints: vec![Endpoint { name: "PLAINTEXT".into(), host: "h".into(), port: 1 }],
                 rack: None,
+                clean_shutdown,
             };
             let Reply::Registered { epoch } = self.call(r, now_ms) else { panic!("not registered") };
             let hb = Request::Heartbeat { broker_id, epoch, applied_offset: self.offset, want_shutdown: false };
@@ -1400,7 +1457,7 @@ mod tests {
     }
 
     #[test]
-    fn the_last_isr_member_stays_when_all_are_fenced_and_leads_again_when_back() {
+    fn the_last_isr_member_becomes_eligible_when_all_are_fenced_and_leads_again_when_back() {
         let (mut h, epochs) = rf3();
         run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
         run_sessions(&mut h, &epochs, &[1, 2], 11_000, 20_000);
@@ -1408,7 +1465,8 @@ mod tests {
         assert!(h.core.image().brokers.values().all(|b| b.fenced));
         for p in 0..3 {
             let reg = partition(&h, "r", p);
-            assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], NO_LEADER), "{reg:?}");
+            let state = (reg.isr.as_slice(), reg.elr.as_slice(), reg.leader);
+            assert_eq!(state, (&[][..], &[3][..], NO_LEADER), "{reg:?}");
         }
         // Broker 1 returns first: not in any ISR, so nothing comes back.
         heartbeat(&mut h, 1, epochs[&1], 31_000, false);
@@ -1417,8 +1475,74 @@ mod tests {
         heartbeat(&mut h, 3, epochs[&3], 31_000, false);
         for p in 0..3 {
             let reg = partition(&h, "r", p);
-            assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], 3), "{reg:?}");
+            let state = (reg.isr.as_slice(), reg.elr.as_slice(), reg.leader);
+            assert_eq!(state, (&[3][..], &[][..], 3), "{reg:?}");
         }
+    }
+
+    /// The case KIP-966 is for (the replication simulation's power-loss
+    /// seeds found it): the last ISR member crashed and may have lost its
+    /// unflushed tail; the replica that left the ISR below min ISR still
+    /// holds everything committed and must be the one to lead.
+    #[test]
+    fn a_replica_back_from_a_crash_does_not_lead_over_an_eligible_one() {
+        for clean in [false, true] {
+            let mut h = Harness::new();
+            let mut epochs: BTreeMap<i32, i64> = (1..=3).map(|b| (b, h.register(b, 0))).collect();
+            let create = Request::CreateTopic {
+                name: "e".into(),
+                partitions: -1,
+                replication_factor: -1,
+                configs: BTreeMap::from([("min.insync.replicas".to_string(), "2".to_string())]),
+                assignment: Some(vec![vec![1, 2, 3]]),
+            };
+            assert!(matches!(h.call(create, 0), Reply::TopicCreated { .. }));
+            let state = |h: &Harness| {
+                let p = partition(h, "e", 0);
+                (p.leader, p.isr, p.elr, p.last_known_elr)
+            };
+            run_sessions(&mut h, &epochs, &[2], 1000, 10_000);
+            assert_eq!(state(&h), (1, vec![1, 3], vec![], vec![]), "at min ISR nobody is eligible");
+            run_sessions(&mut h, &epochs, &[1, 2], 11_000, 20_000);
+            assert_eq!(state(&h), (3, vec![3], vec![1], vec![]), "below it the leaver stays eligible");
+            run_sessions(&mut h, &epochs, &[1, 2, 3], 21_000, 30_000);
+            assert_eq!(state(&h), (NO_LEADER, vec![], vec![1, 3], vec![3]));
+            // Broker 3 restarts.
+            epochs.insert(3, h.register_after(3, 31_000, clean));
+            if clean {
+                assert_eq!(state(&h), (3, vec![3], vec![1], vec![]), "a clean stop keeps it eligible");
+                continue;
+            }
+            assert_eq!(state(&h), (NO_LEADER, vec![], vec![1], vec![3]), "after a crash it is not eligible");
+            // Broker 1 is back: it leads, and 3 may rejoin as a follower.
+            run_sessions(&mut h, &epochs, &[2], 32_000, 32_000);
+            assert_eq!(state(&h), (1, vec![1], vec![], vec![]));
+            assert!(matches!(h.call(alter(&h, 1, "e", 0, vec![1, 3]), 33_000), Reply::PartitionAltered { .. }));
+            assert_eq!(state(&h), (1, vec![1, 3], vec![], vec![]));
+        }
+    }
+
+    /// A single replica that crashed is the last known leader and leads
+    /// again when back (Kafka 4.1's choice over staying offline).
+    #[test]
+    fn a_lone_replica_back_from_a_crash_leads_again_as_the_last_known_leader() {
+        let mut h = Harness::new();
+        let mut epochs: BTreeMap<i32, i64> = (1..=2).map(|b| (b, h.register(b, 0))).collect();
+        let create = Request::CreateTopic {
+            name: "one".into(),
+            partitions: -1,
+            replication_factor: -1,
+            configs: BTreeMap::new(),
+            assignment: Some(vec![vec![1]]),
+        };
+        assert!(matches!(h.call(create, 0), Reply::TopicCreated { .. }));
+        run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
+        let p = partition(&h, "one", 0);
+        assert_eq!((p.leader, p.isr.as_slice(), p.elr.as_slice()), (NO_LEADER, &[][..], &[1][..]));
+        epochs.insert(1, h.register_after(1, 11_000, false));
+        let p = partition(&h, "one", 0);
+        assert_eq!((p.leader, p.isr.as_slice(), p.elr.as_slice()), (1, &[1][..], &[][..]));
+        assert!(p.last_known_elr.is_empty());
     }
 
     #[test]
@@ -1429,9 +1553,10 @@ mod tests {
             let reg = partition(&h, "r", p);
             assert_eq!((reg.isr.as_slice(), reg.leader), (&[3][..], 3), "never handed to a broker fenced with it");
         }
-        // Both fenced at once, broker 3 then too: each ISR keeps one member.
+        // Both fenced at once, broker 3 then too: it is each partition's
+        // one eligible leader replica.
         run_sessions(&mut h, &epochs, &[1, 2, 3], 11_000, 20_000);
-        assert!((0..3).all(|p| partition(&h, "r", p).isr == vec![3]));
+        assert!((0..3).all(|p| partition(&h, "r", p).isr.is_empty() && partition(&h, "r", p).elr == vec![3]));
     }
 
     #[test]
@@ -1517,30 +1642,68 @@ mod tests {
     }
 
     #[test]
-    fn settling_keeps_one_isr_member_and_prefers_replica_order() {
-        let reg = |replicas: Vec<i32>, isr: Vec<i32>, leader| PartitionRegistration {
-            replicas,
-            isr,
-            leader,
-            leader_epoch: 3,
-            partition_epoch: 5,
-            adding_replicas: vec![],
-            removing_replicas: vec![],
+    fn settling_follows_the_isr_then_the_elr_then_the_last_leader_in_replica_order() {
+        let reg = |replicas: Vec<i32>, isr: Vec<i32>, leader, elr: Vec<i32>, last_known_elr: Vec<i32>| {
+            PartitionRegistration {
+                replicas,
+                isr,
+                leader,
+                leader_epoch: 3,
+                partition_epoch: 5,
+                adding_replicas: vec![],
+                removing_replicas: vec![],
+                elr,
+                last_known_elr,
+            }
         };
         let up = |ids: &'static [i32]| move |b: i32| ids.contains(&b);
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![1, 2, 3], 2), up(&[1, 2, 3]), false), None);
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3, 2], 3), up(&[1, 2]), false), Some((Some(2), Some(vec![2]))));
-        // The preferred replica wins over ISR order.
+        let change = |leader: Option<i32>, isr: Option<Vec<i32>>, elr: Option<Vec<i32>>, lke: Option<Vec<i32>>| {
+            Some(ReplicaChange { leader, isr, assignment: None, elr, last_known_elr: lke })
+        };
+        let r123 = vec![1, 2, 3];
+        assert_eq!(settle(&reg(r123.clone(), vec![1, 2, 3], 2, vec![], vec![]), up(&[1, 2, 3]), false, 2, &[]), None);
+        // Below min ISR 2 the fenced leader stays eligible.
         assert_eq!(
-            settle(&reg(vec![1, 2, 3], vec![3, 1, 2], 3), up(&[1, 2]), false),
-            Some((Some(1), Some(vec![1, 2])))
+            settle(&reg(r123.clone(), vec![3, 2], 3, vec![], vec![]), up(&[1, 2]), false, 2, &[]),
+            change(Some(2), Some(vec![2]), Some(vec![3]), None)
         );
-        // Nobody active: the leader stays as the one member; then nothing changes.
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![2, 3], 3), up(&[]), false), Some((Some(NO_LEADER), Some(vec![3]))));
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[1, 2]), false), None);
-        // Unclean: the first active replica, alone in the ISR.
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[2, 1]), true), Some((Some(1), Some(vec![1]))));
-        assert_eq!(settle(&reg(vec![1, 2, 3], vec![3], NO_LEADER), up(&[3]), false), Some((Some(3), None)));
+        // The preferred replica wins over ISR order; at min ISR nothing is eligible.
+        assert_eq!(
+            settle(&reg(r123.clone(), vec![3, 1, 2], 3, vec![], vec![]), up(&[1, 2]), false, 2, &[]),
+            change(Some(1), Some(vec![1, 2]), None, None)
+        );
+        // Nobody active: the ISR empties into the ELR; then nothing changes.
+        assert_eq!(
+            settle(&reg(r123.clone(), vec![2, 3], 3, vec![], vec![]), up(&[]), false, 2, &[]),
+            change(Some(NO_LEADER), Some(vec![]), Some(vec![2, 3]), Some(vec![3]))
+        );
+        let offline = reg(r123.clone(), vec![], NO_LEADER, vec![2, 3], vec![3]);
+        assert_eq!(settle(&offline, up(&[]), false, 2, &[]), None);
+        // An ELR member back leads, alone in the ISR; a replica outside it does not.
+        assert_eq!(
+            settle(&offline, up(&[3]), false, 2, &[]),
+            change(Some(3), Some(vec![3]), Some(vec![2]), Some(vec![]))
+        );
+        assert_eq!(settle(&offline, up(&[1]), false, 2, &[]), None);
+        // A leader restarted after a crash leaves ISR and ELR; the others stay eligible.
+        assert_eq!(
+            settle(&reg(r123.clone(), vec![3], 3, vec![1], vec![]), up(&[2]), false, 2, &[3]),
+            change(Some(NO_LEADER), Some(vec![]), None, Some(vec![3]))
+        );
+        // With neither left, the last leader is remembered and leads when back.
+        let lost = reg(r123.clone(), vec![3], 3, vec![], vec![]);
+        assert_eq!(settle(&lost, up(&[]), false, 2, &[3]), change(Some(NO_LEADER), Some(vec![]), None, Some(vec![3])));
+        let remembered = reg(r123.clone(), vec![], NO_LEADER, vec![], vec![3]);
+        assert_eq!(settle(&remembered, up(&[1, 2]), false, 2, &[]), None);
+        assert_eq!(settle(&remembered, up(&[3]), false, 2, &[]), change(Some(3), Some(vec![3]), None, Some(vec![])));
+        // Unclean: the first active replica, alone in the ISR, and the ELR cleared.
+        assert_eq!(
+            settle(&offline, up(&[2, 1]), true, 2, &[]),
+            change(Some(2), Some(vec![2]), Some(vec![3]), Some(vec![])),
+            "an ELR member first"
+        );
+        let empty = reg(r123.clone(), vec![], NO_LEADER, vec![], vec![]);
+        assert_eq!(settle(&empty, up(&[2, 1]), true, 2, &[]), change(Some(1), Some(vec![1]), None, None));
     }
 
     #[test]
@@ -1644,6 +1807,7 @@ mod tests {
                 session_timeout_ms: 9000,
                 leader_rebalance_interval_ms: None,
                 unclean_leader_election: false,
+                min_insync_replicas: 1,
                 seed: 7,
             },
             h.core.image().clone(),
@@ -1828,15 +1992,16 @@ mod tests {
         // Broker 1, the whole ISR, is fenced: the partition has no leader.
         run_sessions(&mut h, &epochs, &[1], 1000, 10_000);
         let reg = partition(&h, "u", 0);
-        assert_eq!((reg.leader, reg.isr.clone()), (NO_LEADER, vec![1]));
+        assert_eq!((reg.leader, reg.isr.clone(), reg.elr.clone()), (NO_LEADER, vec![], vec![1]));
         let r = h.call(elect(ElectionType::Preferred, Some(named)), 10_000);
-        let not_available = ElectionError::PreferredLeaderNotAvailable { preferred: 1, isr: vec![1] };
+        let not_available = ElectionError::PreferredLeaderNotAvailable { preferred: 1, isr: vec![] };
         assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Err(not_available))]));
         let r = h.call(elect(ElectionType::Unclean, None), 10_000);
         let none_active = ElectionError::EligibleLeadersNotAvailable { replicas: vec![1] };
         assert_eq!(r, Reply::LeadersElected(vec![result("u", 0, Ok(())), result("v", 0, Err(none_active))]));
         let reg = partition(&h, "u", 0);
         assert_eq!((reg.leader, reg.isr, reg.leader_epoch), (2, vec![2], 2));
+        assert!(reg.elr.is_empty(), "an unclean election clears the ELR");
     }
 
     #[test]
@@ -1866,7 +2031,7 @@ mod tests {
         let w = partition(&h, "w", 0);
         assert_eq!((w.leader, w.isr), (2, vec![2]));
         let u = partition(&h, "u", 0);
-        assert_eq!((u.leader, u.isr), (NO_LEADER, vec![1]));
+        assert_eq!((u.leader, u.isr, u.elr), (NO_LEADER, vec![], vec![1]));
         // The cluster-wide dynamic default turns it on for "u" too, at the next repair.
         let on = Request::AlterConfigs {
             resource: ConfigResource::BrokerDefault,

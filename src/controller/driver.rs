@@ -51,6 +51,8 @@ pub struct DriverSettings {
     pub leader_rebalance_interval_ms: Option<u64>,
     /// See [`CoreSettings::unclean_leader_election`].
     pub unclean_leader_election: bool,
+    /// See [`CoreSettings::min_insync_replicas`].
+    pub min_insync_replicas: i32,
     /// Raft's logical clock.
     pub tick: Duration,
     pub quorum: QuorumConfig,
@@ -76,6 +78,7 @@ impl DriverSettings {
             session_timeout_ms: 9000,
             leader_rebalance_interval_ms: Some(300_000),
             unclean_leader_election: false,
+            min_insync_replicas: 1,
             tick: Duration::from_millis(50),
             quorum: QuorumConfig::default(),
             snapshot_bytes: 16 << 20,
@@ -97,6 +100,7 @@ fn core_settings(settings: &DriverSettings, term: u64, offset: u64) -> CoreSetti
         session_timeout_ms: settings.session_timeout_ms,
         leader_rebalance_interval_ms: settings.leader_rebalance_interval_ms,
         unclean_leader_election: settings.unclean_leader_election,
+        min_insync_replicas: settings.min_insync_replicas,
         seed: std::hash::Hasher::finish(&h),
     }
 }
@@ -609,17 +613,16 @@ impl Run {
             let image = self.core.image().clone();
             self.core = ControllerCore::new(self.core_settings(image.offset), image);
             // The first leader of a new cluster creates its id and the
-            // metadata.version it runs at (also added to a cluster created
-            // before feature levels were recorded).
+            // feature levels it runs at (also added to a cluster created
+            // before they were recorded).
             let mut records = Vec::new();
             if self.core.image().cluster_id.is_none() {
                 records.push(MetadataRecord::ClusterId { cluster_id: crate::metadata::new_cluster_id() });
             }
-            if !self.core.image().features.contains_key("metadata.version") {
-                records.push(MetadataRecord::FeatureLevel {
-                    name: "metadata.version".into(),
-                    level: crate::api::versions::METADATA_VERSION,
-                });
+            for (name, level) in crate::api::versions::FEATURES {
+                if !self.core.image().features.contains_key(name) {
+                    records.push(MetadataRecord::FeatureLevel { name: name.into(), level });
+                }
             }
             if !records.is_empty() {
                 let batch = RecordBatch { proposal: uuid::Uuid::new_v4(), records };

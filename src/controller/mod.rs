@@ -5,6 +5,8 @@
 //!   the loop that finds the leader.
 //! - [`core`]: the active controller's decisions (registrations, heartbeats,
 //!   fencing, placement, producer-id blocks) as `step(input) -> effects`.
+//! - [`eligible`]: eligible leader replicas (KIP-966): who may lead a
+//!   partition whose ISR emptied, as functions of its registration.
 //! - [`reassignment`]: partition reassignment steps (start, complete,
 //!   cancel) as functions of a partition's registration.
 //! - [`store`]: what the quorum needs from durable storage ([`store::RaftLogStore`]).
@@ -26,6 +28,7 @@ pub mod core;
 pub mod describe;
 pub mod disk;
 pub mod driver;
+pub mod eligible;
 pub mod feed;
 pub mod node;
 pub mod reassignment;

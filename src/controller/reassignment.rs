@@ -24,6 +24,9 @@ pub struct ReplicaChange {
     pub leader: Option<i32>,
     pub isr: Option<Vec<i32>>,
     pub assignment: Option<Assignment>,
+    /// Set by [`super::eligible::complete`] for every change.
+    pub elr: Option<Vec<i32>>,
+    pub last_known_elr: Option<Vec<i32>>,
 }
 
 /// One partition's outcome of an AlterPartitionReassignments request.
@@ -92,9 +95,7 @@ pub fn start(
     };
     match completion(&next, &reg.isr, &active) {
         Some(done) => Ok(done),
-        None => {
-            Ok(ReplicaChange { leader: None, isr: None, assignment: Some(Assignment { replicas, adding, removing }) })
-        }
+        None => Ok(ReplicaChange { assignment: Some(Assignment { replicas, adding, removing }), ..Default::default() }),
     }
 }
 
@@ -121,6 +122,7 @@ pub fn completion(reg: &PartitionRegistration, isr: &[i32], active: impl Fn(i32)
         leader: (leader != reg.leader).then_some(leader),
         isr: (new_isr != reg.isr).then_some(new_isr),
         assignment: Some(Assignment { replicas: target, adding: Vec::new(), removing: Vec::new() }),
+        ..Default::default()
     })
 }
 
@@ -145,6 +147,7 @@ pub fn cancel(reg: &PartitionRegistration, active: impl Fn(i32) -> bool) -> Resu
         leader: (leader != reg.leader).then_some(leader),
         isr: (isr != reg.isr).then_some(isr),
         assignment: Some(Assignment { replicas: original, adding: Vec::new(), removing: Vec::new() }),
+        ..Default::default()
     })
 }
 
@@ -161,6 +164,8 @@ mod tests {
             partition_epoch: 0,
             adding_replicas: vec![],
             removing_replicas: vec![],
+            elr: vec![],
+            last_known_elr: vec![],
         }
     }
 

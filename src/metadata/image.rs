@@ -53,6 +53,16 @@ pub struct PartitionRegistration {
     /// after the target's).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removing_replicas: Vec<i32>,
+    /// Eligible leader replicas (KIP-966): replicas out of the ISR that
+    /// still hold everything committed, because they left it while the ISR
+    /// was below `min.insync.replicas` (the high watermark stood still from
+    /// then on). When the ISR is empty, one of them may lead.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elr: Vec<i32>,
+    /// The last leader of a partition left with neither ISR nor ELR: the
+    /// replica elected (as an unclean election) if nothing better returns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_known_elr: Vec<i32>,
 }
 
 impl PartitionRegistration {
@@ -72,16 +82,25 @@ impl PartitionRegistration {
         self.replicas.iter().copied().filter(|r| !self.adding_replicas.contains(r)).collect()
     }
 
-    /// What every partition in an image holds: distinct replicas, a
-    /// non-empty ISR of distinct replicas (Kafka without ELR keeps the last
-    /// member even when it is fenced, so it can lead again), and a leader
-    /// in the ISR or none.
+    /// What every partition in an image holds: distinct replicas, an ISR
+    /// of distinct replicas, empty only while there is no leader (with ELR
+    /// the last member leaves too, into the ELR), a leader in the ISR or
+    /// none, and eligible leader replicas that are replicas outside the ISR.
     pub fn check(&self) -> Result<(), &'static str> {
         if has_duplicates(&self.replicas) {
             return Err("a replica is listed twice");
         }
-        if self.isr.is_empty() {
-            return Err("the ISR is empty");
+        if self.isr.is_empty() && self.leader != NO_LEADER {
+            return Err("the ISR is empty under a leader");
+        }
+        if has_duplicates(&self.elr) || !self.elr.iter().all(|r| self.replicas.contains(r)) {
+            return Err("an eligible leader replica is listed twice or is not a replica");
+        }
+        if self.elr.iter().any(|r| self.isr.contains(r)) {
+            return Err("an eligible leader replica is in the ISR");
+        }
+        if has_duplicates(&self.last_known_elr) {
+            return Err("a last known eligible leader replica is listed twice");
         }
         if has_duplicates(&self.isr) {
             return Err("an ISR member is listed twice");
@@ -239,6 +258,9 @@ impl ClusterImage {
                 if topic.partitions.contains_key(partition) {
                     return Ignored("partition exists");
                 }
+                if isr.is_empty() {
+                    return Ignored("the ISR is empty");
+                }
                 let new = PartitionRegistration {
                     replicas: replicas.clone(),
                     isr: isr.clone(),
@@ -247,6 +269,8 @@ impl ClusterImage {
                     partition_epoch: 0,
                     adding_replicas: Vec::new(),
                     removing_replicas: Vec::new(),
+                    elr: Vec::new(),
+                    last_known_elr: Vec::new(),
                 };
                 if let Err(why) = new.check() {
                     return Ignored(why);
@@ -261,6 +285,8 @@ impl ClusterImage {
                 leader,
                 isr,
                 assignment,
+                elr,
+                last_known_elr,
             } => {
                 let Some(p) = self.topics.get_mut(topic_id).and_then(|t| t.partitions.get_mut(partition)) else {
                     return Ignored("no such partition");
@@ -276,6 +302,12 @@ impl ClusterImage {
                 }
                 if let Some(isr) = isr {
                     new.isr = isr.clone();
+                }
+                if let Some(elr) = elr {
+                    new.elr = elr.clone();
+                }
+                if let Some(lke) = last_known_elr {
+                    new.last_known_elr = lke.clone();
                 }
                 if let Some(leader) = leader {
                     if *leader != new.leader {
@@ -400,6 +432,8 @@ mod tests {
                 leader: Some(NO_LEADER),
                 isr: None,
                 assignment: None,
+                elr: None,
+                last_known_elr: None,
             },
             MetadataRecord::Config {
                 resource: ConfigResource::Topic("t".into()),
@@ -487,9 +521,11 @@ mod tests {
             leader,
             isr,
             assignment: None,
+            elr: None,
+            last_known_elr: None,
         };
         for (bad, why) in [
-            (change(Some(vec![]), None), "the ISR is empty"),
+            (change(Some(vec![]), None), "the ISR is empty under a leader"),
             (change(Some(vec![2, 2]), Some(2)), "an ISR member is listed twice"),
             (change(Some(vec![2, 3]), None), "the leader is not in the ISR"),
             (change(None, Some(4)), "the leader is not in the ISR"),

@@ -92,6 +92,13 @@ pub enum MetadataRecord {
         /// or cancelled); absent in records that leave it as it is.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         assignment: Option<Assignment>,
+        /// New eligible leader replicas (KIP-966); absent when unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        elr: Option<Vec<i32>>,
+        /// New last known ELR (the last leader of a partition left with
+        /// neither ISR nor ELR); absent when unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_known_elr: Option<Vec<i32>>,
     },
     RemoveTopic {
         id: Uuid,
