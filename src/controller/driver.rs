@@ -155,6 +155,9 @@ pub struct Controller {
     fatal: watch::Receiver<Option<String>>,
     thread: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
     tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The tasks writing to each peer: on stop they get to write what is
+    /// queued (a leader's last commit index) before they go.
+    peer_tasks: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>,
     node_id: i32,
     voters: Vec<Voter>,
     /// Forwards requests to the leader when it is another voter.
@@ -190,11 +193,12 @@ impl Controller {
         let (node_id, voters, voters_copy) = (settings.node_id, settings.voters.clone(), voters_text.clone());
 
         let mut tasks = Vec::new();
+        let mut peer_tasks = Vec::new();
         let mut peers = HashMap::new();
         for v in settings.voters.iter().filter(|v| v.id != settings.node_id) {
             let (tx, peer_rx) = mpsc::channel(1024);
             peers.insert(v.id as u64, tx);
-            tasks.push(tokio::spawn(send_to_peer(
+            peer_tasks.push(tokio::spawn(send_to_peer(
                 v.clone(),
                 hello_source(
                     settings.node_id,
@@ -253,6 +257,7 @@ impl Controller {
             fatal: fatal_rx,
             thread: std::sync::Mutex::new(Some(thread)),
             tasks: std::sync::Mutex::new(tasks),
+            peer_tasks: std::sync::Mutex::new(peer_tasks),
             node_id,
             voters: voters.clone(),
             client: ControllerClient::new(node_id, voters, voters_copy, client_images),
@@ -312,17 +317,29 @@ impl Controller {
     }
 
     /// Stops the node; everything acknowledged is already durable.
+    ///
+    /// A leader first tells its followers how far the log is committed
+    /// (what it acknowledged last may be known committed only to it; if
+    /// the followers then lack a majority they could not learn it), and
+    /// the messages already queued for peers get [`PEER_DRAIN`] to go out.
     pub async fn stop(&self) {
         let _ = self.inputs.send(Input::Stop);
-        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
-        for t in tasks {
-            t.abort();
-            // Awaited so the listener is closed when `stop` returns.
-            let _ = t.await;
-        }
         let thread = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(thread) = thread {
             let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        // The thread is gone and with it the peers' queues' senders: each
+        // peer task ends once it wrote what is queued.
+        let mut peer_tasks = std::mem::take(&mut *self.peer_tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        let drained = futures_util::future::join_all(peer_tasks.iter_mut());
+        let _ = tokio::time::timeout(PEER_DRAIN, drained).await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|e| e.into_inner()));
+        // A finished handle must not be polled again.
+        let unfinished = peer_tasks.into_iter().filter(|t| !t.is_finished());
+        for t in tasks.into_iter().chain(unfinished) {
+            t.abort();
+            // Awaited so the listener is closed when `stop` returns.
+            let _ = t.await;
         }
     }
 
@@ -335,6 +352,9 @@ impl Drop for Controller {
     fn drop(&mut self) {
         let _ = self.inputs.send(Input::Stop);
         for t in self.tasks.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
+            t.abort();
+        }
+        for t in self.peer_tasks.get_mut().unwrap_or_else(|e| e.into_inner()).iter() {
             t.abort();
         }
     }
@@ -383,7 +403,13 @@ impl Run {
     fn run(&mut self, mut rx: mpsc::UnboundedReceiver<Input>) {
         while let Some(input) = rx.blocking_recv() {
             match input {
-                Input::Stop => break,
+                Input::Stop => {
+                    if self.node.is_leader() {
+                        self.node.ping();
+                        let _ = self.ready();
+                    }
+                    break;
+                }
                 Input::Tick => {
                     self.node.tick();
                     if self.node.is_leader() {
@@ -646,6 +672,9 @@ impl Run {
         }
     }
 }
+
+/// Longest a stopping node waits for its queued peer messages to go out.
+const PEER_DRAIN: Duration = Duration::from_millis(500);
 
 /// Keeps one connection to a peer open and writes the messages for it.
 async fn send_to_peer(

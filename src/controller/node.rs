@@ -188,6 +188,12 @@ impl<S: RaftLogStore> QuorumNode<S> {
         self.raw.raft.id
     }
 
+    /// A leader sends every follower a heartbeat now, carrying the commit
+    /// index as far as that follower's log matches.
+    pub fn ping(&mut self) {
+        self.raw.ping();
+    }
+
     /// One logical clock tick.
     pub fn tick(&mut self) {
         self.raw.tick();
