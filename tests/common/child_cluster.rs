@@ -227,6 +227,22 @@ impl ChildCluster {
         kill_child(node);
     }
 
+    /// SIGSTOP to node `id`: frozen, as in a long GC pause or a hung VM; its
+    /// sockets stay open but nothing answers. Do not ask it anything until
+    /// [`Self::resume`].
+    pub fn pause(&mut self, id: i32) {
+        let pid = self.pid(id) as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP node {id}");
+    }
+
+    /// SIGCONT to node `id`, paused before.
+    pub fn resume(&mut self, id: i32) {
+        let pid = self.pid(id) as libc::pid_t;
+        // SAFETY: plain kill(2) on our own child's pid.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0, "SIGCONT node {id}");
+    }
+
     /// SIGTERM to node `id`; it must exit 0 (bounded wait) after logging "strand stopped".
     pub fn terminate(&mut self, id: i32) {
         let pid = self.pid(id) as libc::pid_t;
