@@ -248,7 +248,7 @@ impl Broker {
                     port: l.port,
                 })
                 .collect();
-            tasks.spawn(crate::cluster::publisher::run(node.clone(), state.clone(), shutdown_rx.clone()));
+            tasks.spawn(crate::cluster::publisher::run(node.clone(), state.clone()));
             if let Some(r) = &replication {
                 tasks.spawn(r.clone().check_lagging(shutdown_rx.clone()));
             }

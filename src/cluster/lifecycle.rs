@@ -54,6 +54,7 @@ pub async fn run(
         }
     }
     controlled_shutdown(&node).await;
+    node.end_controlled_shutdown();
 }
 
 /// Registers; returns how long to wait before the next step.

@@ -72,6 +72,10 @@ pub struct ClusterNode {
     /// the image has one).
     meta: std::sync::Mutex<meta_properties::MetaProperties>,
     log_dir: std::path::PathBuf,
+    /// Flips to true once this broker's controlled shutdown is over (done,
+    /// or given up): until then the image is still applied, so the
+    /// leadership it moves away is given up here too.
+    controlled_shutdown_over: watch::Sender<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,7 +131,19 @@ impl ClusterNode {
             peers: peers::Peers::new(node_id, &quorum.inter_broker_listener_name),
             meta: std::sync::Mutex::new(meta),
             log_dir,
+            controlled_shutdown_over: watch::Sender::new(false),
         }))
+    }
+
+    /// Records that the controlled shutdown is over (see
+    /// [`Self::controlled_shutdown_over`]).
+    pub fn end_controlled_shutdown(&self) {
+        self.controlled_shutdown_over.send_replace(true);
+    }
+
+    /// Becomes true once the controlled shutdown is over.
+    pub fn controlled_shutdown_over(&self) -> watch::Receiver<bool> {
+        self.controlled_shutdown_over.subscribe()
     }
 
     /// Connections to the other brokers, for inter-broker requests.

@@ -10,8 +10,6 @@
 
 use std::sync::Arc;
 
-use tokio::sync::watch;
-
 use super::ClusterNode;
 use crate::broker::BrokerState;
 use crate::group::OFFSETS_TOPIC;
@@ -19,11 +17,17 @@ use crate::metadata::image::ClusterImage;
 use crate::replica::{ReplicaManager, TopicError};
 use crate::txn::TXN_TOPIC;
 
-pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: watch::Receiver<bool>) {
+/// Applies every new image until the controlled shutdown is over, and the
+/// image it ended with: the shutdown's move of leadership away must reach
+/// the partitions here, or acks=all produce requests waiting on them would
+/// wait out their timeout instead of being answered NOT_LEADER_OR_FOLLOWER.
+pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>) {
     let replicas = state.replicas.clone();
     let mut images = node.image_watch();
     let me = node.node_id;
     let incarnation = node.incarnation_id;
+    let mut over = node.controlled_shutdown_over();
+    let mut last = false;
     loop {
         let current = images.borrow_and_update().clone();
         if let Err(e) = node.record_cluster_id() {
@@ -62,8 +66,11 @@ pub async fn run(node: Arc<ClusterNode>, state: Arc<BrokerState>, mut shutdown: 
                 Err(e) => tracing::error!(node = me, error = %e, "applying the metadata image panicked"),
             }
         }
+        if last {
+            return;
+        }
         tokio::select! {
-            _ = crate::server::listener::wait_shutdown(&mut shutdown) => return,
+            _ = over.wait_for(|o| *o) => last = true,
             changed = images.changed() => if changed.is_err() { return },
         }
     }
