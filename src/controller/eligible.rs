@@ -101,15 +101,9 @@ mod tests {
 
     fn reg(replicas: &[i32], isr: &[i32], leader: i32, elr: &[i32], lke: &[i32]) -> PartitionRegistration {
         PartitionRegistration {
-            replicas: replicas.to_vec(),
-            isr: isr.to_vec(),
-            leader,
-            leader_epoch: 0,
-            partition_epoch: 0,
-            adding_replicas: vec![],
-            removing_replicas: vec![],
             elr: elr.to_vec(),
             last_known_elr: lke.to_vec(),
+            ..PartitionRegistration::for_test(replicas, isr, leader)
         }
     }
 

@@ -156,17 +156,7 @@ mod tests {
     use super::*;
 
     fn reg(replicas: &[i32], isr: &[i32], leader: i32) -> PartitionRegistration {
-        PartitionRegistration {
-            replicas: replicas.to_vec(),
-            isr: isr.to_vec(),
-            leader,
-            leader_epoch: 0,
-            partition_epoch: 0,
-            adding_replicas: vec![],
-            removing_replicas: vec![],
-            elr: vec![],
-            last_known_elr: vec![],
-        }
+        PartitionRegistration::for_test(replicas, isr, leader)
     }
 
     fn applied(reg: &PartitionRegistration, change: &ReplicaChange) -> PartitionRegistration {

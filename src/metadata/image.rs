@@ -66,6 +66,23 @@ pub struct PartitionRegistration {
 }
 
 impl PartitionRegistration {
+    /// A registration with these replicas, ISR and leader at epoch 0, for
+    /// the controller's unit tests.
+    #[cfg(test)]
+    pub fn for_test(replicas: &[i32], isr: &[i32], leader: i32) -> PartitionRegistration {
+        PartitionRegistration {
+            replicas: replicas.to_vec(),
+            isr: isr.to_vec(),
+            leader,
+            leader_epoch: 0,
+            partition_epoch: 0,
+            adding_replicas: vec![],
+            removing_replicas: vec![],
+            elr: vec![],
+            last_known_elr: vec![],
+        }
+    }
+
     /// Whether a reassignment is under way.
     pub fn is_reassigning(&self) -> bool {
         !self.adding_replicas.is_empty() || !self.removing_replicas.is_empty()
