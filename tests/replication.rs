@@ -822,3 +822,65 @@ async fn an_eligible_replica_leads_over_the_last_isr_member_back_from_a_crash() 
     cluster.restart(3).await;
     cluster.shutdown().await;
 }
+
+/// Goal: DeleteRecords is answered once every live replica cut its log
+/// (Kafka's low watermark), not when the leader alone did: right after the
+/// answer every replica's log starts at the offset asked for. A replica on
+/// a fenced broker does not hold the answer back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn delete_records_waits_for_every_live_replica() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(1);
+    create_replicated(&bootstrap, "trimmed", 1, "1").await;
+    let leader = wait_for("a full ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "trimmed");
+        async move { md.get(&0).filter(|(l, _, isr)| *l > 0 && isr.len() == 3).map(|(l, _, _)| *l) }
+    })
+    .await;
+    let bootstrap = cluster.bootstrap(leader);
+    let values: Vec<String> = (0..100).map(|i| format!("v{i}")).collect();
+    send_all(&producer(&bootstrap), "trimmed", 0, &values).await;
+    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    let log_start = |cluster: &TestCluster, id: i32| {
+        cluster.state(id).replicas.partition("trimmed", 0).unwrap().offsets().unwrap().log_start_offset
+    };
+    let delete = |offset: i64| {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset("trimmed", 0, Offset::Offset(offset)).unwrap();
+        let (admin, opts) = (&admin, &opts);
+        async move {
+            let deleted = admin.delete_records(&tpl, opts).await.expect("DeleteRecords");
+            let e = &deleted.elements()[0];
+            assert!(e.error().is_ok(), "DeleteRecords to {offset}: {:?}", e.error());
+            e.offset()
+        }
+    };
+
+    assert_eq!(delete(60).await, Offset::Offset(60), "the low watermark answered");
+    for id in 1..=3 {
+        assert_eq!(log_start(&cluster, id), 60, "broker {id}'s replica cut before the answer");
+    }
+
+    // A follower stops; once its broker is fenced it no longer counts.
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    cluster.stop(follower).await;
+    wait_for("the stopped follower fenced", READY, Duration::from_millis(50), || {
+        let fenced = cluster.state(leader).cluster().unwrap().image().brokers.get(&follower).is_none_or(|b| b.fenced);
+        async move { fenced.then_some(()) }
+    })
+    .await;
+    assert_eq!(delete(80).await, Offset::Offset(80));
+    for id in (1..=3).filter(|id| *id != follower) {
+        assert_eq!(log_start(&cluster, id), 80, "broker {id}'s replica cut before the answer");
+    }
+    // Back, it catches up with the cut.
+    cluster.restart(follower).await;
+    wait_for("the returning follower's log cut", READY, Duration::from_millis(50), || {
+        let start = cluster.state(follower).replicas.partition("trimmed", 0).and_then(|p| p.offsets().ok());
+        async move { start.filter(|o| o.log_start_offset == 80).map(|_| ()) }
+    })
+    .await;
+    cluster.shutdown().await;
+}

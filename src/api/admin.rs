@@ -2,6 +2,7 @@
 //! CreatePartitions, DeleteRecords, DescribeCluster.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
@@ -209,49 +210,79 @@ pub fn create_partitions(ctx: &RequestContext, req: CreatePartitionsRequest) -> 
     CreatePartitionsResponse::default().with_results(results)
 }
 
-pub fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
-    let topics = req
-        .topics
-        .into_iter()
-        .map(|t| {
-            let topic = ctx.state.replicas.topic(t.name.0.as_str());
-            let partitions = t
-                .partitions
-                .into_iter()
-                .map(|p| {
-                    let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
-                    if let Err(n) = super::routing::check(&ctx.state, t.name.0.as_str(), p.partition_index) {
-                        return base.with_error_code(n.code).with_low_watermark(-1);
+/// DeleteRecords: each partition's log is cut here at once, and the answer
+/// waits (up to the request's timeout) until every live replica cut it too,
+/// as Kafka's delayed DeleteRecords does: the low watermark answered is the
+/// lowest log start among the leader and its followers on unfenced brokers,
+/// and a partition whose followers did not get there in time is answered
+/// REQUEST_TIMED_OUT with the low watermark reached.
+pub async fn delete_records(ctx: &RequestContext, req: DeleteRecordsRequest) -> DeleteRecordsResponse {
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms.max(0) as u64);
+    let mut topics = Vec::new();
+    for t in req.topics {
+        let topic = ctx.state.replicas.topic(t.name.0.as_str());
+        let mut waits = Vec::new();
+        for p in t.partitions {
+            let base = DeleteRecordsPartitionResult::default().with_partition_index(p.partition_index);
+            let cut = match delete_locally(ctx, topic.as_deref(), t.name.0.as_str(), p.partition_index, p.offset) {
+                Ok(cut) => cut,
+                Err((code, low)) => {
+                    waits.push(futures_util::future::Either::Left(std::future::ready(
+                        base.with_error_code(code).with_low_watermark(low),
+                    )));
+                    continue;
+                }
+            };
+            waits.push(futures_util::future::Either::Right(async move {
+                let (partition, target) = cut;
+                let alive = |id: i32| broker_alive(ctx, id);
+                match partition.wait_low_watermark(target, alive, deadline).await {
+                    Ok(low) => base.with_error_code(0).with_low_watermark(low),
+                    Err(e) => {
+                        let low = partition.low_watermark(alive).unwrap_or(-1);
+                        base.with_error_code(error::partition_code(&e)).with_low_watermark(low)
                     }
-                    let Some(partition) = topic.as_ref().and_then(|t| t.partition(p.partition_index)) else {
-                        return base
-                            .with_error_code(ResponseError::UnknownTopicOrPartition.code())
-                            .with_low_watermark(-1);
-                    };
-                    let offsets = match partition.offsets() {
-                        Ok(o) => o,
-                        Err(e) => return base.with_error_code(error::partition_code(&e)).with_low_watermark(-1),
-                    };
-                    // -1 means "up to the high watermark"; beyond it is out of range.
-                    let target = if p.offset == -1 { offsets.high_watermark } else { p.offset };
-                    if target < 0 || target > offsets.high_watermark {
-                        return base
-                            .with_error_code(ResponseError::OffsetOutOfRange.code())
-                            .with_low_watermark(offsets.log_start_offset);
-                    }
-                    if target <= offsets.log_start_offset {
-                        return base.with_error_code(0).with_low_watermark(offsets.log_start_offset);
-                    }
-                    match partition.delete_records(target) {
-                        Ok(low) => base.with_error_code(0).with_low_watermark(low),
-                        Err(e) => base.with_error_code(error::partition_code(&e)).with_low_watermark(-1),
-                    }
-                })
-                .collect();
-            DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(partitions)
-        })
-        .collect();
+                }
+            }));
+        }
+        let partitions = futures_util::future::join_all(waits).await;
+        topics.push(DeleteRecordsTopicResult::default().with_name(t.name).with_partitions(partitions));
+    }
     DeleteRecordsResponse::default().with_topics(topics)
+}
+
+/// Whether broker `id` counts for the low watermark: registered and not
+/// fenced (Kafka's "alive broker").
+fn broker_alive(ctx: &RequestContext, id: i32) -> bool {
+    ctx.state.cluster().is_some_and(|node| node.image().brokers.get(&id).is_some_and(|b| !b.fenced))
+}
+
+/// Cuts partition `index` of `topic` at `offset` (-1: the high watermark)
+/// here, its leader; the partition and the offset to wait for, or the
+/// (error code, low watermark) to answer at once.
+fn delete_locally(
+    ctx: &RequestContext,
+    topic: Option<&crate::replica::Topic>,
+    name: &str,
+    index: i32,
+    offset: i64,
+) -> Result<(std::sync::Arc<crate::replica::Partition>, i64), (i16, i64)> {
+    if let Err(n) = super::routing::check(&ctx.state, name, index) {
+        return Err((n.code, -1));
+    }
+    let Some(partition) = topic.and_then(|t| t.partition(index)) else {
+        return Err((ResponseError::UnknownTopicOrPartition.code(), -1));
+    };
+    let offsets = partition.offsets().map_err(|e| (error::partition_code(&e), -1))?;
+    // -1 means "up to the high watermark"; beyond it is out of range.
+    let target = if offset == -1 { offsets.high_watermark } else { offset };
+    if target < 0 || target > offsets.high_watermark {
+        return Err((ResponseError::OffsetOutOfRange.code(), offsets.log_start_offset));
+    }
+    if target > offsets.log_start_offset {
+        partition.delete_records(target).map_err(|e| (error::partition_code(&e), -1))?;
+    }
+    Ok((partition.clone(), target))
 }
 
 pub fn describe_cluster(ctx: &RequestContext, req: DescribeClusterRequest) -> DescribeClusterResponse {

@@ -161,7 +161,7 @@ pub async fn handle(
         RequestKind::DescribeTopicPartitions(r) => {
             ResponseKind::DescribeTopicPartitions(describe_topic_partitions::handle(&ctx, r))
         }
-        RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r)),
+        RequestKind::DeleteRecords(r) => ResponseKind::DeleteRecords(admin::delete_records(&ctx, r).await),
         RequestKind::DescribeCluster(r) => ResponseKind::DescribeCluster(admin::describe_cluster(&ctx, r)),
         RequestKind::DescribeQuorum(r) => ResponseKind::DescribeQuorum(quorum::describe_quorum(&ctx, r).await),
         RequestKind::DescribeConfigs(r) => ResponseKind::DescribeConfigs(configs::describe(&ctx, r)),

@@ -398,6 +398,7 @@ impl Partition {
         replica: i32,
         broker_epoch: i64,
         fetch_offset: i64,
+        log_start_offset: i64,
         last_fetched_epoch: i32,
         current_leader_epoch: i32,
         max_bytes: usize,
@@ -438,8 +439,12 @@ impl Partition {
             }
             let info = log.read(fetch_offset, max_bytes, leo, true)?;
             let effects = state.on_follower_fetch(replica, fetch_offset, broker_epoch, now_ms);
+            let log_start_moved = state.on_follower_log_start(replica, log_start_offset);
             let hw = state.high_watermark;
             drop(state);
+            if log_start_moved {
+                self.wake_waiters();
+            }
             let effects = self.publish(effects);
             Ok(ReplicaRead { info, offsets: Self::offsets_of(log, hw), diverging: None, effects })
         })?;
@@ -627,6 +632,42 @@ impl Partition {
     /// Advances the log start offset (DeleteRecords). Returns the new low watermark.
     pub fn delete_records(&self, offset: i64) -> Result<i64, PartitionError> {
         self.with_log(|log| Ok(log.delete_records(offset)?))
+    }
+
+    /// The low watermark this broker, leading, knows of: the lowest log
+    /// start offset among its own and its followers' on `alive` brokers.
+    pub fn low_watermark(&self, alive: impl Fn(i32) -> bool) -> Result<i64, PartitionError> {
+        self.with_log(|log| {
+            let state = self.lock_state();
+            if !state.is_leader() {
+                return Err(PartitionError::NotLeader);
+            }
+            Ok(state.low_watermark(log.log_start_offset(), alive))
+        })
+    }
+
+    /// Waits until the low watermark reaches `offset` (DeleteRecords is
+    /// answered once every live replica deleted up to it, as in Kafka);
+    /// the low watermark then, or [`PartitionError::TimedOut`] at `deadline`.
+    /// Woken when a follower's log start moves, or the role changes.
+    pub async fn wait_low_watermark(
+        &self,
+        offset: i64,
+        alive: impl Fn(i32) -> bool,
+        deadline: tokio::time::Instant,
+    ) -> Result<i64, PartitionError> {
+        loop {
+            let mut changed = self.subscribe();
+            changed.borrow_and_update();
+            let low = self.low_watermark(&alive)?;
+            if low >= offset {
+                return Ok(low);
+            }
+            tokio::select! {
+                r = changed.changed() => if r.is_err() { return Err(PartitionError::NotLeader) },
+                _ = tokio::time::sleep_until(deadline) => return Err(PartitionError::TimedOut),
+            }
+        }
     }
 
     pub fn is_compacted(&self) -> bool {

@@ -95,6 +95,8 @@ pub struct FollowerProgress {
     last_fetch_ms: i64,
     /// The broker epoch its fetches carried (a restarted follower is new).
     pub broker_epoch: i64,
+    /// The log start offset its last fetch carried; -1 until it fetches.
+    pub log_start_offset: i64,
 }
 
 impl FollowerProgress {
@@ -106,6 +108,7 @@ impl FollowerProgress {
             last_fetch_leader_leo: -1,
             last_fetch_ms: -1,
             broker_epoch: -1,
+            log_start_offset: -1,
         }
     }
 }
@@ -321,6 +324,26 @@ impl PartitionState {
         effects.extend(self.maybe_advance_hw());
         self.check();
         effects
+    }
+
+    /// A follower's fetch said its log starts at `log_start_offset`; whether
+    /// that moved (DeleteRecords waits on it).
+    pub fn on_follower_log_start(&mut self, replica: i32, log_start_offset: i64) -> bool {
+        let Some(p) = self.followers.get_mut(&replica) else { return false };
+        let moved = p.log_start_offset != log_start_offset;
+        p.log_start_offset = log_start_offset;
+        moved
+    }
+
+    /// Kafka's low watermark: the lowest log start offset among this
+    /// leader's (`leader_log_start`) and its followers' on `alive` brokers
+    /// (unfenced ones). A follower that has not fetched yet holds it at -1.
+    pub fn low_watermark(&self, leader_log_start: i64, alive: impl Fn(i32) -> bool) -> i64 {
+        self.followers
+            .iter()
+            .filter(|(id, _)| **id != self.me && self.replicas.contains(id) && alive(**id))
+            .map(|(_, p)| p.log_start_offset)
+            .fold(leader_log_start, i64::min)
     }
 
     /// A follower's log end offset (the leader itself: its own).
@@ -564,6 +587,21 @@ mod tests {
         let e = s.apply_registration(&reg(&[1, 2, 3], &[1, 2, 3], 1, 0, 0), 0);
         assert_eq!(e, vec![Effect::BecameLeader { leader_epoch: 0, start_offset: 0 }]);
         s
+    }
+
+    /// Goal: the low watermark is the lowest log start among the leader and
+    /// its followers on live brokers; one not fetched yet holds it at -1.
+    #[test]
+    fn low_watermark_is_the_lowest_live_log_start() {
+        let mut s = leader_of_three(2);
+        assert_eq!(s.low_watermark(50, |_| true), -1, "followers have not fetched");
+        assert!(s.on_follower_log_start(2, 50));
+        assert!(!s.on_follower_log_start(2, 50), "not moved");
+        assert_eq!(s.low_watermark(50, |_| true), -1, "3 has not fetched");
+        assert_eq!(s.low_watermark(50, |b| b != 3), 50, "3 is not alive");
+        s.on_follower_log_start(3, 40);
+        assert_eq!(s.low_watermark(50, |_| true), 40);
+        assert_eq!(s.low_watermark(30, |_| true), 30, "the leader's own counts");
     }
 
     /// Goal: the high watermark is the lowest log end over the ISR, moves
