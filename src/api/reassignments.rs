@@ -100,17 +100,7 @@ fn single_node(
             let outcome = if ctx.state.replicas.partition(topic, *partition).is_none() {
                 Err(reassignment::ReassignmentError::UnknownTopicOrPartition(topic.clone(), *partition))
             } else {
-                let reg = PartitionRegistration {
-                    replicas: vec![me],
-                    isr: vec![me],
-                    leader: me,
-                    leader_epoch: 0,
-                    partition_epoch: 0,
-                    adding_replicas: vec![],
-                    removing_replicas: vec![],
-                    elr: vec![],
-                    last_known_elr: vec![],
-                };
+                let reg = PartitionRegistration::new(&[me], &[me], me);
                 match target {
                     Some(target) => {
                         reassignment::start(&reg, target, allow_factor_change, |b| b == me, |b| b == me).map(|_| ())

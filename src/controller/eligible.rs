@@ -103,7 +103,7 @@ mod tests {
         PartitionRegistration {
             elr: elr.to_vec(),
             last_known_elr: lke.to_vec(),
-            ..PartitionRegistration::for_test(replicas, isr, leader)
+            ..PartitionRegistration::new(replicas, isr, leader)
         }
     }
 

@@ -156,7 +156,7 @@ mod tests {
     use super::*;
 
     fn reg(replicas: &[i32], isr: &[i32], leader: i32) -> PartitionRegistration {
-        PartitionRegistration::for_test(replicas, isr, leader)
+        PartitionRegistration::new(replicas, isr, leader)
     }
 
     fn applied(reg: &PartitionRegistration, change: &ReplicaChange) -> PartitionRegistration {

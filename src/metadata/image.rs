@@ -66,10 +66,9 @@ pub struct PartitionRegistration {
 }
 
 impl PartitionRegistration {
-    /// A registration with these replicas, ISR and leader at epoch 0, for
-    /// the controller's unit tests.
-    #[cfg(test)]
-    pub fn for_test(replicas: &[i32], isr: &[i32], leader: i32) -> PartitionRegistration {
+    /// A new partition's registration: these replicas, ISR and leader, at
+    /// epoch 0, no reassignment or eligible replicas.
+    pub fn new(replicas: &[i32], isr: &[i32], leader: i32) -> PartitionRegistration {
         PartitionRegistration {
             replicas: replicas.to_vec(),
             isr: isr.to_vec(),
