@@ -467,7 +467,7 @@ impl ControllerCore {
                 if changes.is_empty() {
                     return Self::reply(id, Reply::ConfigsAltered);
                 }
-                let records = changes
+                let mut records: Vec<MetadataRecord> = changes
                     .iter()
                     .map(|(name, value)| MetadataRecord::Config {
                         resource: resource.clone(),
@@ -475,6 +475,9 @@ impl ControllerCore {
                         value: value.clone(),
                     })
                     .collect();
+                if changes.iter().any(|(name, _)| name == "min.insync.replicas") {
+                    records.extend(self.elr_cleared(resource));
+                }
                 self.propose(id, request, records)
             }
             Request::DescribeQuorum => {
@@ -637,6 +640,34 @@ impl ControllerCore {
                 if let Some(change) = settle(reg, &active, unclean, min_isr, unclean_shutdown) {
                     out.push(change_record(t.id, *p, reg, change));
                 }
+            }
+        }
+        out
+    }
+
+    /// The changes that clear the eligible leader replicas and last known
+    /// ELR of every partition whose `min.insync.replicas` a change to
+    /// `resource` sets: the topic's own, or the cluster default for topics
+    /// without their own. An ELR member is known to hold everything
+    /// committed only as judged under the minimum it left the ISR with, so
+    /// Kafka clears them when it changes (KIP-966); a per-broker value is
+    /// not the controller's.
+    fn elr_cleared(&self, resource: &ConfigResource) -> Vec<MetadataRecord> {
+        let affected = |name: &str| match resource {
+            ConfigResource::Topic(topic) => topic == name,
+            ConfigResource::BrokerDefault => {
+                !self.image.topic_configs.get(name).is_some_and(|c| c.contains_key("min.insync.replicas"))
+            }
+            ConfigResource::Broker(_) => false,
+        };
+        let mut out = Vec::new();
+        for t in self.image.topics.values().filter(|t| affected(&t.name)) {
+            for (index, reg) in &t.partitions {
+                if reg.elr.is_empty() && reg.last_known_elr.is_empty() {
+                    continue;
+                }
+                let cleared = ReplicaChange { elr: Some(vec![]), last_known_elr: Some(vec![]), ..Default::default() };
+                out.push(change_record(t.id, *index, reg, cleared));
             }
         }
         out
@@ -2041,6 +2072,68 @@ mod tests {
         run_sessions(&mut h, &epochs, &[1], 11_000, 12_000);
         let u = partition(&h, "u", 0);
         assert_eq!((u.leader, u.isr), (2, vec![2]));
+    }
+
+    /// KIP-966: a change of min.insync.replicas clears the ELR and the
+    /// last known ELR of the partitions it applies to, and only those.
+    #[test]
+    fn changing_min_insync_replicas_clears_the_eligible_replicas_it_judged() {
+        let mut h = Harness::new();
+        let epochs: BTreeMap<i32, i64> = (1..=3).map(|b| (b, h.register(b, 0))).collect();
+        for (name, own) in [("own", true), ("default", false)] {
+            let configs = if own {
+                BTreeMap::from([("min.insync.replicas".to_string(), "2".to_string())])
+            } else {
+                BTreeMap::new()
+            };
+            let create = Request::CreateTopic {
+                name: name.into(),
+                partitions: -1,
+                replication_factor: -1,
+                configs,
+                assignment: Some(vec![vec![1, 2, 3]]),
+            };
+            assert!(matches!(h.call(create, 0), Reply::TopicCreated { .. }));
+        }
+        let defaults = Request::AlterConfigs {
+            resource: ConfigResource::BrokerDefault,
+            changes: vec![("min.insync.replicas".into(), Some("2".into()))],
+        };
+        assert_eq!(h.call(defaults, 0), Reply::ConfigsAltered);
+        // Brokers 3 then 2 are fenced: 2 leaves the ISR below min ISR 2 and joins the ELR.
+        run_sessions(&mut h, &epochs, &[3], 1000, 10_000);
+        run_sessions(&mut h, &epochs, &[3, 2], 11_000, 20_000);
+        for name in ["own", "default"] {
+            let reg = partition(&h, name, 0);
+            assert_eq!((reg.isr.clone(), reg.elr.clone()), (vec![1], vec![2]), "{name}: {reg:?}");
+        }
+        // The topic's own minimum changes: its ELR goes, the other's stays.
+        let own = Request::AlterConfigs {
+            resource: ConfigResource::Topic("own".into()),
+            changes: vec![("min.insync.replicas".into(), Some("1".into()))],
+        };
+        assert_eq!(h.call(own, 20_000), Reply::ConfigsAltered);
+        let (o, d) = (partition(&h, "own", 0), partition(&h, "default", 0));
+        assert!(o.elr.is_empty() && o.last_known_elr.is_empty(), "{o:?}");
+        assert_eq!(d.elr, vec![2], "{d:?}");
+        // The cluster default changes: the topic without its own loses its ELR.
+        let defaults = Request::AlterConfigs {
+            resource: ConfigResource::BrokerDefault,
+            changes: vec![("min.insync.replicas".into(), Some("3".into()))],
+        };
+        assert_eq!(h.call(defaults, 20_000), Reply::ConfigsAltered);
+        let d = partition(&h, "default", 0);
+        assert!(d.elr.is_empty() && d.last_known_elr.is_empty(), "{d:?}");
+        // Another key leaves the ELR alone.
+        run_sessions(&mut h, &epochs, &[3, 2, 1], 21_000, 30_000);
+        let before = partition(&h, "default", 0);
+        assert!(!before.elr.is_empty() || !before.last_known_elr.is_empty(), "{before:?}");
+        let other = Request::AlterConfigs {
+            resource: ConfigResource::BrokerDefault,
+            changes: vec![("retention.ms".into(), Some("1000".into()))],
+        };
+        assert_eq!(h.call(other, 30_000), Reply::ConfigsAltered);
+        assert_eq!(partition(&h, "default", 0), before);
     }
 
     #[test]
