@@ -29,11 +29,22 @@
 //!
 //! `STRAND_SIM_SEED=N` replays one seed; `STRAND_SIM_SEEDS=N` runs more
 //! (from `STRAND_SIM_FIRST`, 1 by default).
+//!
+//! Scenario tests replay the known divergence cases on the same simulation
+//! driven by hand (`Sim::scripted`: no random faults, writes, fsyncs,
+//! message loss or automatic elections; each test produces, crashes, shuts
+//! down, cuts links, elects and waits with `run_until`, from a fixed seed):
+//! KIP-101's high-watermark truncation (a restarted follower keeps its
+//! tail and leads) and its divergent logs after a double power loss, and
+//! KIP-279's fast leader changes, repaired in several truncation rounds.
+//! Each asserts that its setup was reached, then the same invariants.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use strand::controller::core::{ControllerCore, CoreSettings, Effect as CoreEffect, Input, Reply, Request};
-use strand::metadata::image::{ClusterImage, PartitionRegistration};
+use strand::controller::core::{
+    ControllerCore, CoreSettings, Effect as CoreEffect, ElectionType, Input, Reply, Request,
+};
+use strand::metadata::image::{ClusterImage, PartitionRegistration, NO_LEADER};
 use strand::metadata::records::Endpoint;
 use strand::replica::state::{
     check_fetch_position, isr_answer, truncation_offset, Effect, FetchPosition, IsrAnswer, IsrProposal, PartitionState,
@@ -121,6 +132,9 @@ struct Broker {
     /// acks=all appends waiting: (last offset, leader epoch, value).
     waiting: Vec<(i64, i32, u64)>,
     hw_seen: i64,
+    /// It stopped with a controlled shutdown (scripted scenarios only): it
+    /// registers again as one that stopped cleanly.
+    clean_shutdown: bool,
 }
 
 impl Broker {
@@ -141,6 +155,7 @@ impl Broker {
             next_heartbeat: 0,
             waiting: Vec::new(),
             hw_seen: 0,
+            clean_shutdown: false,
         }
     }
 
@@ -202,15 +217,35 @@ struct Sim {
     acked: BTreeMap<u64, i64>,
     /// Which broker led each epoch.
     leaders: BTreeMap<i32, i32>,
+    /// Diverging-epoch truncations, in order: (broker, log end before, after).
+    truncations: Vec<(i32, i64, i64)>,
+    /// A scripted scenario (`Sim::scripted`): no random faults, writes,
+    /// fsyncs, message loss, automatic restarts or preferred-leader
+    /// elections; the test drives every event, and a restart reads back
+    /// the last high watermark as its checkpoint.
+    scripted: bool,
     log: Vec<String>,
 }
 
 impl Sim {
     fn new(seed: u64) -> Sim {
+        Sim::build(seed, false)
+    }
+
+    /// A simulation for a scripted scenario: calm from the start (no
+    /// faults, no producers), no message loss, no background fsync, no
+    /// automatic restarts or preferred-leader elections.
+    fn scripted(seed: u64) -> Sim {
+        let mut sim = Sim::build(seed, true);
+        sim.calm = true;
+        sim
+    }
+
+    fn build(seed: u64, scripted: bool) -> Sim {
         let controller = ControllerCore::new(
             CoreSettings {
                 session_timeout_ms: SESSION_MS,
-                leader_rebalance_interval_ms: Some(REBALANCE_MS),
+                leader_rebalance_interval_ms: if scripted { None } else { Some(REBALANCE_MS) },
                 unclean_leader_election: false,
                 min_insync_replicas: MIN_ISR,
                 seed,
@@ -236,6 +271,8 @@ impl Sim {
             calm: false,
             refused: 0,
             leaders: BTreeMap::new(),
+            truncations: Vec::new(),
+            scripted,
             log: Vec::new(),
         };
         for id in 1..=BROKERS {
@@ -275,8 +312,8 @@ impl Sim {
     }
 
     fn send(&mut self, from: i32, to: i32, msg: Msg) {
-        // 2% of messages are lost; the rest take 1-30 ms.
-        if self.rng.u32(..100) < 2 {
+        // 2% of messages are lost (none in a scripted scenario); the rest take 1-30 ms.
+        if !self.scripted && self.rng.u32(..100) < 2 {
             return;
         }
         let at = self.now + self.rng.i64(1..30);
@@ -332,13 +369,15 @@ impl Sim {
     fn register(&mut self, id: i32) {
         let b = self.broker(id);
         let incarnation = b.incarnation;
+        // Every restart here follows a crash (kill -9 or power loss), but
+        // for a scripted scenario's controlled shutdown.
+        let clean_shutdown = std::mem::take(&mut b.clean_shutdown);
         let req = Request::Register {
             broker_id: id,
             incarnation_id: incarnation,
             endpoints: vec![Endpoint { name: "PLAINTEXT".into(), host: "sim".into(), port: id as u16 }],
             rack: None,
-            // Every restart here follows a crash (kill -9 or power loss).
-            clean_shutdown: false,
+            clean_shutdown,
         };
         self.controller_request(id, req, None);
         let epoch = self.broker(id).broker_epoch;
@@ -442,8 +481,8 @@ impl Sim {
             strand::replica::state::Role::Offline => {}
         }
         self.answer_produces(id);
-        // fsync now and then.
-        if self.rng.u32(..100) < 20 {
+        // fsync now and then (a scripted scenario syncs explicitly).
+        if !self.scripted && self.rng.u32(..100) < 20 {
             let b = self.broker(id);
             b.synced = b.log.len();
         }
@@ -608,6 +647,7 @@ impl Sim {
                 if b.state.on_truncate(leo) {
                     b.hw_seen = b.state.high_watermark;
                 }
+                self.truncations.push((to, before, leo));
                 self.trace(format!("{to} truncates {before} -> {leo} (leader epoch {epoch} ends at {end_offset})"));
             }
             Msg::OutOfRange { log_start } => {
@@ -746,13 +786,18 @@ impl Sim {
             "{id} crashes{} at log end {leo}",
             if power_loss { " losing unsynced records" } else { "" }
         ));
-        self.restarts.insert(id, restart_at);
+        // A scripted scenario restarts brokers itself.
+        if !self.scripted {
+            self.restarts.insert(id, restart_at);
+        }
     }
 
     fn restart(&mut self, id: i32) {
         let incarnation = Uuid::from_u128(self.rng.u128(..));
         let last_hw = self.broker(id).hw_seen.max(0);
-        let hw_checkpoint = self.rng.i64(0..=last_hw);
+        // The checkpoint may lag the last high watermark; in a scripted
+        // scenario it is the last one (as a controlled shutdown writes it).
+        let hw_checkpoint = if self.scripted { last_hw } else { self.rng.i64(0..=last_hw) };
         let b = self.broker(id);
         b.up = true;
         b.incarnation = incarnation;
@@ -868,6 +913,162 @@ impl Sim {
     }
 }
 
+/// The driver of a scripted scenario (`Sim::scripted`): explicit writes,
+/// crashes, shutdowns, link cuts, elections, and waiting for a condition.
+impl Sim {
+    fn b(&self, id: i32) -> &Broker {
+        &self.brokers[(id - 1) as usize]
+    }
+
+    /// The partition's registration in the committed image.
+    fn partition(&self) -> PartitionRegistration {
+        self.image.topic("t").expect("the topic").partitions[&0].clone()
+    }
+
+    fn isr(&self) -> BTreeSet<i32> {
+        self.partition().isr.into_iter().collect()
+    }
+
+    /// The broker that leads the partition as the image says and knows it.
+    fn leader(&self) -> Option<i32> {
+        let p = self.partition();
+        let b = self.brokers.iter().find(|b| b.id == p.leader)?;
+        (b.up && b.state.is_leader() && b.state.leader_epoch == p.leader_epoch).then_some(b.id)
+    }
+
+    /// Steps until `done` holds (the invariants checked after every event),
+    /// or panics after `max_steps` with the state of the cluster.
+    fn run_until(&mut self, what: &str, max_steps: usize, done: impl Fn(&Sim) -> bool) {
+        for _ in 0..max_steps {
+            if done(self) {
+                return;
+            }
+            self.step();
+        }
+        assert!(done(self), "not reached in {max_steps} steps: {what}{}", self.describe());
+    }
+
+    /// Whether `ids` are up with the leader's log and high watermark, in
+    /// its ISR, and the leader answered every write.
+    fn caught_up(&self, ids: &[i32]) -> bool {
+        let Some(l) = self.leader().map(|l| self.b(l)) else { return false };
+        l.waiting.is_empty()
+            && l.state.high_watermark == l.leo()
+            && ids.iter().all(|id| {
+                let b = self.b(*id);
+                b.up && b.log == l.log && b.state.high_watermark == l.leo() && l.state.isr.contains(id)
+            })
+    }
+
+    /// Waits for a leader with every broker caught up in its ISR; returns it.
+    fn await_all_in_sync(&mut self) -> i32 {
+        let all: Vec<i32> = (1..=BROKERS).collect();
+        self.run_until("a leader with every broker in sync", 500, |s| s.caught_up(&all));
+        self.leader().expect("a leader")
+    }
+
+    /// `n` acks=all writes through `id`, which must lead and take them.
+    fn produce_n(&mut self, id: i32, n: usize) -> Vec<u64> {
+        assert!(self.b(id).state.is_leader(), "broker {id} does not lead: {}", self.describe());
+        let refused = self.refused;
+        let values: Vec<u64> = (0..n as u64).map(|i| self.next_value + i).collect();
+        for _ in 0..n {
+            self.produce(id);
+        }
+        assert_eq!(self.refused, refused, "broker {id} refused writes: {}", self.describe());
+        self.trace(format!("{id} takes writes {values:?}"));
+        self.check();
+        values
+    }
+
+    fn acked_all(&self, values: &[u64]) -> bool {
+        values.iter().all(|v| self.acked.contains_key(v))
+    }
+
+    /// Everything the broker holds survives a power loss.
+    fn fsync(&mut self, id: i32) {
+        let b = self.broker(id);
+        b.synced = b.log.len();
+    }
+
+    fn cut_link(&mut self, a: i32, b: i32) {
+        self.trace(format!("link {a}-{b} cut"));
+        self.cut.insert((a.min(b), a.max(b)), i64::MAX);
+    }
+
+    fn heal_link(&mut self, a: i32, b: i32) {
+        self.trace(format!("link {a}-{b} healed"));
+        self.cut.remove(&(a.min(b), a.max(b)));
+    }
+
+    /// A controlled shutdown: the broker tells the controller (which moves
+    /// its leadership away and takes it out of the ISR, into the ELR while
+    /// the ISR is below `min.insync.replicas`), flushes its log, stops, and
+    /// registers as one that stopped cleanly when it restarts.
+    fn shutdown(&mut self, id: i32) {
+        let epoch = self.b(id).broker_epoch;
+        let req =
+            Request::Heartbeat { broker_id: id, epoch, applied_offset: self.b(id).image_offset, want_shutdown: true };
+        self.controller_request(id, req, None);
+        let b = self.broker(id);
+        b.up = false;
+        b.synced = b.log.len();
+        b.clean_shutdown = true;
+        let (leo, hw) = (b.leo(), b.state.high_watermark);
+        self.trace(format!("{id} shuts down at log end {leo}, high watermark {hw}"));
+        self.check();
+    }
+
+    /// Makes `id` the leader: the replicas reordered with it first (a
+    /// reassignment that completes at once), then a preferred election.
+    fn elect(&mut self, id: i32) {
+        let mut order = self.partition().replicas;
+        order.retain(|r| *r != id);
+        order.insert(0, id);
+        self.trace(format!("reorder to {order:?} and elect {id}"));
+        let req =
+            Request::AlterReassignments { partitions: vec![("t".into(), 0, Some(order))], allow_factor_change: false };
+        self.controller_request(0, req, None);
+        let req = Request::ElectLeaders { election: ElectionType::Preferred, partitions: Some(vec![("t".into(), 0)]) };
+        self.controller_request(0, req, None);
+        assert_eq!(self.partition().leader, id, "broker {id} not elected: {}", self.describe());
+    }
+
+    /// Heals the network, brings everyone back, settles, and checks that
+    /// every replica holds every acknowledged record in identical logs.
+    fn finish(&mut self) {
+        self.cut.clear();
+        for id in 1..=BROKERS {
+            if !self.b(id).up {
+                self.restart(id);
+            }
+        }
+        self.settle();
+        for b in &self.brokers {
+            for (value, offset) in &self.acked {
+                assert_eq!(
+                    b.log.get(*offset as usize).map(|r| r.value),
+                    Some(*value),
+                    "broker {} lost acknowledged value {value} at offset {offset}",
+                    b.id
+                );
+            }
+            assert_eq!(b.log, self.brokers[0].log, "brokers 1 and {} hold different logs", b.id);
+        }
+    }
+}
+
+/// Runs a scripted scenario from `seed`, printing the seed and the state
+/// of the cluster if it fails.
+fn scenario(name: &str, seed: u64, body: impl FnOnce(&mut Sim)) {
+    let mut sim = Sim::scripted(seed);
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&mut sim)));
+    if let Err(e) = result {
+        eprintln!("scenario {name} failed: seed {seed}{}", sim.describe());
+        std::panic::resume_unwind(e)
+    }
+}
+
 /// Power-loss crashes are on unless `STRAND_SIM_POWER_LOSS=0`. They need
 /// eligible leader replicas (KIP-966): without them a power loss of one
 /// ISR member followed by another member's fencing elects the replica that
@@ -924,4 +1125,170 @@ fn replication_keeps_every_acknowledged_record_under_faults() {
     }
     eprintln!("replication sim: {} seeds, {acked} records acknowledged, {epochs} leader epochs", seeds.len());
     assert!(acked > 0 && epochs > seeds.len(), "the runs acknowledged records and changed leaders");
+}
+
+/// A broker's leader epoch cache as (epoch, start offset) pairs.
+fn epochs_of(b: &Broker) -> Vec<(i32, i64)> {
+    b.epochs.entries().iter().map(|e| (e.epoch, e.start_offset)).collect()
+}
+
+/// KIP-101, scenario 1 (truncating to the high watermark loses an
+/// acknowledged record): follower B holds record m, which leader A has
+/// acknowledged, but B has not yet heard the high watermark that covers
+/// it; B restarts with a checkpoint below m, A dies, and B leads. B must
+/// not truncate to its checkpoint on restart.
+///
+/// In KRaft a restart takes a broker out of the ISR, so B can lead without
+/// fetching first only as an eligible leader replica (KIP-966): C is out,
+/// leaving an ISR of A and B, and B stops with a controlled shutdown,
+/// which takes it out of the ISR into the ELR.
+#[test]
+fn kip_101_a_restarted_follower_keeps_its_tail_and_becomes_leader() {
+    scenario("kip_101_a_restarted_follower_keeps_its_tail_and_becomes_leader", 101, |sim| {
+        let a = sim.await_all_in_sync();
+        let first = sim.produce_n(a, 2);
+        sim.run_until("the first writes acknowledged everywhere", 300, |s| {
+            s.acked_all(&first) && s.caught_up(&[1, 2, 3])
+        });
+        let others: Vec<i32> = (1..=BROKERS).filter(|r| *r != a).collect();
+        let (b, c) = (others[0], others[1]);
+        sim.crash(c, false);
+        sim.run_until("C fenced out of the ISR", 300, |s| {
+            s.isr() == BTreeSet::from([a, b]) && s.b(a).state.isr.len() == 2
+        });
+        let m = sim.produce_n(a, 1)[0];
+        sim.run_until("A acknowledges m before B hears the high watermark that covers it", 100, |s| {
+            s.acked.contains_key(&m) && s.b(b).leo() == 3 && s.b(b).state.high_watermark < 3
+        });
+        let at = sim.acked[&m];
+        let epoch_m = sim.b(a).log[at as usize].epoch;
+        sim.shutdown(b);
+        // The setup: B's log end is past its high watermark, and it holds m.
+        let hw_b = sim.b(b).state.high_watermark;
+        assert!(hw_b <= at && sim.b(b).leo() > at, "B's high watermark {hw_b} does not lag m at {at}");
+        assert_eq!(sim.b(b).log[at as usize].value, m);
+        assert!(sim.partition().elr.contains(&b), "B is not an eligible leader replica: {}", sim.describe());
+        sim.crash(a, false);
+        sim.run_until("A fenced: the partition offline, B eligible", 300, |s| {
+            let p = s.partition();
+            p.leader == NO_LEADER && p.isr.is_empty() && p.elr.contains(&b)
+        });
+        sim.restart(b);
+        assert_eq!(sim.b(b).state.high_watermark, hw_b, "B restarts with its high watermark checkpoint");
+        sim.run_until("B leads", 300, |s| s.leader() == Some(b));
+        assert!(sim.b(b).state.leader_epoch > epoch_m);
+        assert_eq!(
+            sim.b(b).log.get(at as usize).map(|r| r.value),
+            Some(m),
+            "B leads without acknowledged value {m} at offset {at}"
+        );
+        sim.finish();
+    });
+}
+
+/// KIP-101, scenario 2 (logs diverge after a double crash): leader A and
+/// follower B lose power together, holding a tail of A's epoch that C
+/// never got and that nobody acknowledged; A had flushed part of it, B
+/// none, so A comes back with a record at an offset where B has nothing.
+/// B comes back first; with A fenced, C leads a new epoch with B and
+/// writes different records at those offsets. When A returns the two hold
+/// different records at the same offset; the leader's diverging-epoch
+/// answer must make A truncate to where its epoch ends on C and take C's
+/// records, not fetch on from its own log end.
+#[test]
+fn kip_101_logs_that_diverged_in_a_double_crash_are_made_identical() {
+    scenario("kip_101_logs_that_diverged_in_a_double_crash_are_made_identical", 102, |sim| {
+        let a = sim.await_all_in_sync();
+        let first = sim.produce_n(a, 4);
+        sim.run_until("the first writes acknowledged everywhere", 300, |s| {
+            s.acked_all(&first) && s.caught_up(&[1, 2, 3])
+        });
+        for id in 1..=BROKERS {
+            sim.fsync(id);
+        }
+        let others: Vec<i32> = (1..=BROKERS).filter(|r| *r != a).collect();
+        let (b, c) = (others[0], others[1]);
+        // What A writes now reaches B only: C, in the ISR, holds it back.
+        sim.cut_link(a, c);
+        let tail = sim.produce_n(a, 2);
+        sim.run_until("B has A's tail", 100, |s| s.b(b).leo() == 6);
+        assert!(tail.iter().all(|v| !sim.acked.contains_key(v)), "A's tail was acknowledged");
+        // A flushed the first record of its tail, B neither.
+        sim.broker(a).synced = 5;
+        sim.crash(a, true);
+        sim.crash(b, true);
+        assert_eq!((sim.b(a).leo(), sim.b(b).leo()), (5, 4), "the power loss took different tails");
+        sim.heal_link(a, c);
+        sim.restart(b);
+        sim.run_until("C leads with B in its ISR", 400, |s| {
+            s.leader() == Some(c) && s.b(c).state.isr.contains(&b) && !s.b(c).state.under_min_isr()
+        });
+        let new = sim.produce_n(c, 3);
+        sim.run_until("C's writes acknowledged", 200, |s| s.acked_all(&new));
+        sim.restart(a);
+        // The setup: A and C hold different records at offset 4.
+        let (on_a, on_c) = (sim.b(a).log.get(4).copied(), sim.b(c).log[4]);
+        assert!(on_a.is_some_and(|r| r != on_c && r.epoch < on_c.epoch), "A {on_a:?} and C {on_c:?} at offset 4");
+        let before = sim.truncations.len();
+        sim.finish();
+        let cuts: Vec<(i32, i64, i64)> = sim.truncations[before..].iter().filter(|t| t.0 == a).copied().collect();
+        assert_eq!(cuts, [(a, 5, 4)], "A truncates to where its epoch ends on C");
+        assert_eq!(sim.b(a).log[4], on_c);
+    });
+}
+
+/// KIP-279 (fast leader changes): X and Y lead in turn, epochs a < b < c
+/// < d, each writing a record nobody replicates (every link between the
+/// brokers is cut): X holds epochs [a, c], Y [a, b, d]. Following Y, X
+/// asks for the end of c, which Y never had: Y answers with b, the largest
+/// epoch below it, and where it ends; X has no b either, so it truncates
+/// to where its own older epochs end and asks again for a, whose end on Y
+/// is one record earlier still. Two rounds, then identical logs.
+#[test]
+fn kip_279_two_fast_leader_changes_truncate_in_several_rounds() {
+    scenario("kip_279_two_fast_leader_changes_truncate_in_several_rounds", 279, |sim| {
+        let x = sim.await_all_in_sync();
+        let first = sim.produce_n(x, 1);
+        sim.run_until("the first write acknowledged everywhere", 300, |s| {
+            s.acked_all(&first) && s.caught_up(&[1, 2, 3])
+        });
+        let others: Vec<i32> = (1..=BROKERS).filter(|r| *r != x).collect();
+        let (y, z) = (others[0], others[1]);
+        sim.cut_link(x, y);
+        sim.cut_link(x, z);
+        sim.cut_link(y, z);
+        let epoch_a = sim.b(x).state.leader_epoch;
+        sim.produce_n(x, 1);
+        sim.elect(y);
+        sim.run_until("Y leads", 50, |s| s.leader() == Some(y));
+        let epoch_b = sim.b(y).state.leader_epoch;
+        sim.produce_n(y, 1);
+        sim.elect(x);
+        sim.run_until("X leads again", 50, |s| s.leader() == Some(x));
+        let epoch_c = sim.b(x).state.leader_epoch;
+        sim.produce_n(x, 1);
+        sim.elect(y);
+        sim.run_until("Y leads again", 50, |s| s.leader() == Some(y));
+        let epoch_d = sim.b(y).state.leader_epoch;
+        let last = sim.produce_n(y, 1);
+        // The setup: each has an epoch the other never had, after a shared one.
+        let (ex, ey) = (epochs_of(sim.b(x)), epochs_of(sim.b(y)));
+        assert!(epoch_a < epoch_b && epoch_b < epoch_c && epoch_c < epoch_d);
+        assert_eq!(ex.last(), Some(&(epoch_c, 2)), "X's epochs {ex:?}");
+        assert_eq!(ey.last_chunk(), Some(&[(epoch_b, 1), (epoch_d, 2)]), "Y's epochs {ey:?}");
+        assert_eq!(ex[..ex.len() - 1], ey[..ey.len() - 2], "X's epochs {ex:?} and Y's {ey:?} before b and c");
+        assert!(ex[ex.len() - 2].0 <= epoch_a);
+        assert_eq!(sim.b(x).log.len(), 3);
+        assert_ne!(sim.b(x).log[1], sim.b(y).log[1]);
+        sim.heal_link(x, y);
+        sim.heal_link(x, z);
+        sim.heal_link(y, z);
+        let before = sim.truncations.len();
+        sim.run_until("X holds Y's log and Y's last write is acknowledged", 300, |s| {
+            s.b(x).log == s.b(y).log && s.acked_all(&last)
+        });
+        let rounds: Vec<(i32, i64, i64)> = sim.truncations[before..].iter().filter(|t| t.0 == x).copied().collect();
+        assert_eq!(rounds, [(x, 3, 2), (x, 2, 1)], "X truncates in two rounds");
+        sim.finish();
+    });
 }
