@@ -142,17 +142,22 @@ pub fn is_dynamic_broker_key(key: &str) -> bool {
         .any(|k| k.broker_synonym == key && k.name != "compression.type" && k.name != "message.timestamp.type")
 }
 
-/// Kafka's replication throttles (topic and broker keys), which Strand does
-/// not implement: setting one is refused, naming why, and deleting one is
-/// a no-op, because `kafka-reassign-partitions --verify` deletes them all
-/// when a reassignment is done, whether it set them or not.
-pub const REPLICATION_THROTTLE_KEYS: &[&str] = &[
-    "leader.replication.throttled.replicas",
-    "follower.replication.throttled.replicas",
-    "leader.replication.throttled.rate",
-    "follower.replication.throttled.rate",
-    "replica.alter.log.dirs.io.max.bytes.per.second",
-];
+/// Kafka keys Strand refuses to set, naming why, but lets be deleted (a
+/// no-op), because `kafka-reassign-partitions --verify` deletes them all
+/// when a reassignment is done, whether it set them or not: the throttle of
+/// moves between a broker's log directories, which Strand does not make
+/// (one log directory per broker). The replication throttles themselves
+/// are supported ([`crate::replica::throttle`]).
+pub const REFUSED_THROTTLE_KEYS: &[&str] = &["replica.alter.log.dirs.io.max.bytes.per.second"];
+
+/// Topic keys of the replication throttles (`partition:broker` lists),
+/// outside [`TOPIC_CONFIGS`] because no broker key is their default.
+pub const THROTTLED_REPLICAS_KEYS: &[&str] =
+    &[crate::replica::throttle::LEADER_REPLICAS, crate::replica::throttle::FOLLOWER_REPLICAS];
+
+/// Broker keys of the replication throttles' rates (bytes/s, dynamic).
+pub const THROTTLE_RATE_KEYS: &[&str] =
+    &[crate::replica::throttle::LEADER_RATE, crate::replica::throttle::FOLLOWER_RATE];
 
 pub fn topic_key(name: &str) -> Option<&'static TopicConfigKey> {
     TOPIC_CONFIGS.iter().find(|k| k.name == name)
@@ -189,6 +194,9 @@ pub fn validate_topic_value(name: &str, value: &str) -> Result<String, String> {
         "max.message.bytes" => parse_int(v, 0, i32::MAX as i64)?.to_string(),
         "min.insync.replicas" => parse_int(v, 1, i32::MAX as i64)?.to_string(),
         "unclean.leader.election.enable" => crate::config::parse_bool(v)?.to_string(),
+        k if THROTTLED_REPLICAS_KEYS.contains(&k) => {
+            crate::replica::throttle::ThrottledReplicas::parse(v)?.normalised()
+        }
         "retention.bytes" | "retention.ms" => parse_int(v, -1, i64::MAX)?.to_string(),
         "segment.bytes" => parse_int(v, 14, i32::MAX as i64)?.to_string(),
         "segment.index.bytes" => parse_int(v, 4096, i32::MAX as i64)?.to_string(),

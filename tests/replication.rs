@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::cluster::TestCluster;
 use common::*;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, NewTopic, ResourceSpecifier, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -882,5 +882,110 @@ async fn delete_records_waits_for_every_live_replica() {
         async move { start.filter(|o| o.log_start_offset == 80).map(|_| ()) }
     })
     .await;
+    cluster.shutdown().await;
+}
+
+/// Sets the configs of `resource` to exactly `pairs` (AlterConfigs).
+async fn alter_configs(bootstrap: &str, resource: ResourceSpecifier<'_>, pairs: &[(&str, &str)]) {
+    let admin: AdminClient<DefaultClientContext> = admin_config(bootstrap).create().unwrap();
+    let mut alter = AlterConfig::new(resource);
+    for (k, v) in pairs {
+        alter = alter.set(k, v);
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.alter_configs([&alter], &opts).await.expect("alter_configs") {
+        r.unwrap_or_else(|(what, code)| panic!("altering {what:?} {pairs:?}: {code:?}"));
+    }
+}
+
+/// Seconds from a stopped follower's restart to its return to the ISR,
+/// after `bytes` were written without it.
+async fn catch_up_seconds(cluster: &mut TestCluster, leader: i32, follower: i32, bytes: usize) -> f64 {
+    let bootstrap = cluster.bootstrap(leader);
+    cluster.stop(follower).await;
+    wait_for("the stopped follower out of the ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "throttled");
+        async move { md.get(&0).filter(|(_, _, isr)| !isr.contains(&follower)).map(|_| ()) }
+    })
+    .await;
+    let values: Vec<String> = (0..bytes / 1000).map(|i| format!("{i:0>1000}")).collect();
+    send_all(&producer(&bootstrap), "throttled", 0, &values).await;
+    let started = std::time::Instant::now();
+    cluster.restart(follower).await;
+    wait_for("the restarted follower back in the ISR", Duration::from_secs(60), Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "throttled");
+        async move { md.get(&0).filter(|(_, _, isr)| isr.contains(&follower)).map(|_| ()) }
+    })
+    .await;
+    started.elapsed().as_secs_f64()
+}
+
+/// Replication throttles as `kafka-reassign-partitions --throttle` sets
+/// them: topic `*.replication.throttled.replicas` and broker
+/// `*.replication.throttled.rate`. An in-sync replica is never held back
+/// (acks=all goes on at 1 byte/s); a returning follower catches up no faster
+/// than the leader's or its own rate allows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replication_throttles_bound_a_returning_followers_catch_up() {
+    let mut cluster = TestCluster::start(3, &[]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(1);
+    create_replicated(&bootstrap, "throttled", 1, "1").await;
+    let leader = wait_for("a full ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "throttled");
+        async move { md.get(&0).filter(|(l, _, isr)| *l > 0 && isr.len() == 3).map(|(l, _, _)| *l) }
+    })
+    .await;
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let bootstrap = cluster.bootstrap(leader);
+    let every_replica =
+        [("leader.replication.throttled.replicas", "*"), ("follower.replication.throttled.replicas", "*")];
+    alter_configs(&bootstrap, ResourceSpecifier::Topic("throttled"), &every_replica).await;
+    for id in 1..=3 {
+        let rates = [("leader.replication.throttled.rate", "1"), ("follower.replication.throttled.rate", "1")];
+        alter_configs(&cluster.bootstrap(id), ResourceSpecifier::Broker(id), &rates).await;
+    }
+    // In sync, nothing is held back: 1 byte/s would take days.
+    let values: Vec<String> = (0..200).map(|i| format!("{i:0>1000}")).collect();
+    send_all(&producer(&bootstrap), "throttled", 0, &values).await;
+    assert_eq!(partition_metadata(&bootstrap, "throttled")[&0].2.len(), 3, "every replica still in sync");
+
+    // 2 MB to catch up at 400 kB/s (one second of it may go at once): 4 s at least.
+    const BYTES: usize = 2_000_000;
+    const RATE: &str = "400000";
+    let at_least = (BYTES as f64 - 400_000.0) / 400_000.0 * 0.9;
+    for id in 1..=3 {
+        let rates: &[(&str, &str)] = if id == leader { &[("leader.replication.throttled.rate", RATE)] } else { &[] };
+        alter_configs(&cluster.bootstrap(id), ResourceSpecifier::Broker(id), rates).await;
+    }
+    let leader_side = catch_up_seconds(&mut cluster, leader, follower, BYTES).await;
+    assert!(leader_side >= at_least, "throttled by the leader, caught up in {leader_side:.2} s (< {at_least:.2} s)");
+
+    for id in 1..=3 {
+        let rates: &[(&str, &str)] =
+            if id == follower { &[("follower.replication.throttled.rate", RATE)] } else { &[] };
+        alter_configs(&cluster.bootstrap(id), ResourceSpecifier::Broker(id), rates).await;
+    }
+    let follower_side = catch_up_seconds(&mut cluster, leader, follower, BYTES).await;
+    assert!(
+        follower_side >= at_least,
+        "throttled by the follower, caught up in {follower_side:.2} s (< {at_least:.2} s)"
+    );
+
+    // Throttled replicas listed by partition:broker: the follower named, not the others.
+    alter_configs(
+        &bootstrap,
+        ResourceSpecifier::Topic("throttled"),
+        &[("follower.replication.throttled.replicas", &format!("0:{follower}"))],
+    )
+    .await;
+    let listed = catch_up_seconds(&mut cluster, leader, follower, BYTES).await;
+    assert!(listed >= at_least, "listed 0:{follower}, caught up in {listed:.2} s (< {at_least:.2} s)");
+    alter_configs(&bootstrap, ResourceSpecifier::Topic("throttled"), &[]).await;
+    let unthrottled = catch_up_seconds(&mut cluster, leader, follower, BYTES).await;
+    println!(
+        "throttle figures: 2 MB caught up in {leader_side:.2} s (leader at 400 kB/s), {follower_side:.2} s \
+         (follower at 400 kB/s), {listed:.2} s (listed replica), {unthrottled:.2} s (no throttle)"
+    );
     cluster.shutdown().await;
 }

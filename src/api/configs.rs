@@ -115,12 +115,42 @@ fn topic_entries(ctx: &RequestContext, overrides: &BTreeMap<String, String>) -> 
                 synonyms,
             }
         })
+        .chain(topic_config::THROTTLED_REPLICAS_KEYS.iter().map(|name| {
+            let set = overrides.get(*name);
+            Entry {
+                name: name.to_string(),
+                value: set.cloned().unwrap_or_default(),
+                source: if set.is_some() { ConfigSource::DynamicTopic } else { ConfigSource::Default },
+                read_only: false,
+                config_type: ConfigType::List,
+                doc: "replicas of this topic whose replication is throttled: * or partition:broker pairs",
+                synonyms: set
+                    .map(|v| vec![(name.to_string(), v.clone(), ConfigSource::DynamicTopic)])
+                    .unwrap_or_default(),
+            }
+        }))
         .collect()
 }
 
 fn broker_entries(ctx: &RequestContext) -> Vec<Entry> {
     let dynamic = ctx.state.replicas.dynamic_configs();
     let mut entries = static_broker_entries(ctx);
+    for name in topic_config::THROTTLE_RATE_KEYS {
+        let mut synonyms = broker_synonyms(ctx, &dynamic, name);
+        // The last synonym is the static value: for these, none (Kafka's Long.MAX_VALUE).
+        synonyms.pop();
+        synonyms.push((name.to_string(), crate::replica::throttle::UNLIMITED.to_string(), ConfigSource::Default));
+        let (value, source) = (synonyms[0].1.clone(), synonyms[0].2);
+        entries.push(Entry {
+            name: name.to_string(),
+            value,
+            source,
+            read_only: false,
+            config_type: ConfigType::Long,
+            doc: "bytes per second of throttled replication (kafka-reassign-partitions --throttle)",
+            synonyms,
+        });
+    }
     for key in TOPIC_CONFIGS {
         let (value, source) = topic_config::broker_value(ctx.state.config(), &dynamic, key.broker_synonym);
         entries.push(Entry {
@@ -222,7 +252,9 @@ fn apply_ops(
     let is_known = |name: &str| {
         topic_config::topic_key(name).is_some()
             || topic_config::is_dynamic_broker_key(name)
-            || topic_config::REPLICATION_THROTTLE_KEYS.contains(&name)
+            || topic_config::THROTTLED_REPLICAS_KEYS.contains(&name)
+            || topic_config::THROTTLE_RATE_KEYS.contains(&name)
+            || topic_config::REFUSED_THROTTLE_KEYS.contains(&name)
     };
     let mut next = current.clone();
     let mut seen = std::collections::HashSet::new();
@@ -233,10 +265,10 @@ fn apply_ops(
         }
         let value = op.value.as_ref().map(|v| v.to_string());
         match op.config_operation {
-            _ if op.config_operation != OP_DELETE
-                && topic_config::REPLICATION_THROTTLE_KEYS.contains(&name.as_str()) =>
-            {
-                return Err(format!("{name}: replication throttles are not supported by Strand"));
+            _ if op.config_operation != OP_DELETE && topic_config::REFUSED_THROTTLE_KEYS.contains(&name.as_str()) => {
+                return Err(format!(
+                    "{name}: Strand keeps one log directory per broker and moves no replica between directories"
+                ));
             }
             OP_SET => {
                 let v = value.ok_or_else(|| format!("SET of {name} needs a value"))?;
@@ -279,8 +311,11 @@ fn apply_ops(
 
 /// Validates one broker dynamic config key and value.
 fn validate_broker_value(k: &str, v: &str) -> Result<String, String> {
+    if topic_config::THROTTLE_RATE_KEYS.contains(&k) {
+        return crate::replica::throttle::parse_rate(v).map(|r| r.to_string());
+    }
     if !topic_config::is_dynamic_broker_key(k) {
-        return Err(format!("unknown or read-only broker config {k}; dynamic ones are the log.* topic defaults"));
+        return Err(format!("unknown or read-only broker config {k}; dynamic ones are the log.* topic defaults and the replication throttle rates"));
     }
     let topic_key = TOPIC_CONFIGS.iter().find(|t| t.broker_synonym == k).expect("dynamic keys are synonyms");
     topic_config::validate_topic_value(topic_key.name, v)
@@ -426,7 +461,9 @@ pub async fn incremental_alter(
 ) -> IncrementalAlterConfigsResponse {
     let mut responses = Vec::with_capacity(req.resources.len());
     for r in req.resources {
-        let is_list = |k: &str| k == "cleanup.policy" || k == "log.cleanup.policy";
+        let is_list = |k: &str| {
+            k == "cleanup.policy" || k == "log.cleanup.policy" || topic_config::THROTTLED_REPLICAS_KEYS.contains(&k)
+        };
         let ops = |current: &BTreeMap<String, String>, validate: &dyn Fn(&str, &str) -> Result<String, String>| {
             apply_ops(current, &r.configs, validate, is_list)
         };

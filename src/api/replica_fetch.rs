@@ -20,6 +20,7 @@ use uuid::Uuid;
 use super::response::FileRecords;
 use super::{error, str_bytes, RequestContext};
 use crate::replica::state::Effect;
+use crate::replica::throttle::Throttles;
 use crate::replica::Partition;
 
 const MAX_WAIT_MS_CAP: i32 = 60_000;
@@ -34,6 +35,8 @@ struct Asked {
     last_fetched_epoch: i32,
     current_leader_epoch: i32,
     max_bytes: i32,
+    /// The replica's copy is throttled here (leader.replication.throttled.*).
+    throttled: bool,
 }
 
 struct Answer {
@@ -53,6 +56,7 @@ pub async fn handle(
     broker_epoch: i64,
 ) -> (FetchResponse, FileRecords) {
     let uses_ids = ctx.version >= 13;
+    let throttles = ctx.state.replication().map(|r| r.throttles());
     let mut asked = Vec::new();
     for t in &req.topics {
         let topic = if uses_ids {
@@ -66,8 +70,9 @@ pub async fn handle(
                 None => Err(ResponseError::UnknownTopicOrPartition.code()),
                 Some(topic) => topic.partition(p.partition).cloned().ok_or(ResponseError::NotLeaderOrFollower.code()),
             };
+            let topic_id = topic.as_ref().map_or(t.topic_id, |t| t.id);
             asked.push(Asked {
-                topic_id: topic.as_ref().map_or(t.topic_id, |t| t.id),
+                topic_id,
                 topic_name: topic.as_ref().map_or_else(|| t.topic.0.to_string(), |t| t.name.clone()),
                 index: p.partition,
                 partition,
@@ -76,6 +81,7 @@ pub async fn handle(
                 last_fetched_epoch: if ctx.version >= 12 { p.last_fetched_epoch } else { -1 },
                 current_leader_epoch: if ctx.version >= 9 { p.current_leader_epoch } else { -1 },
                 max_bytes: p.partition_max_bytes,
+                throttled: throttles.is_some_and(|th| th.leader_throttles(&topic_id, p.partition, replica)),
             });
         }
     }
@@ -89,7 +95,7 @@ pub async fn handle(
         for w in &mut watchers {
             w.borrow_and_update();
         }
-        let (answers, files) = read_all(&asked, replica, broker_epoch, response_max_bytes);
+        let (answers, files) = read_all(&asked, replica, broker_epoch, response_max_bytes, throttles);
         let bytes: usize = answers.iter().map(|a| a.records.len()).sum();
         let done = bytes >= min_bytes.max(1)
             || answers.iter().any(|a| a.code != 0 || a.diverging.is_some() || !a.effects.is_empty())
@@ -143,8 +149,16 @@ pub async fn handle(
     (response, files)
 }
 
-fn read_all(asked: &[Asked], replica: i32, broker_epoch: i64, response_max_bytes: usize) -> (Vec<Answer>, FileRecords) {
+fn read_all(
+    asked: &[Asked],
+    replica: i32,
+    broker_epoch: i64,
+    response_max_bytes: usize,
+    throttles: Option<&Throttles>,
+) -> (Vec<Answer>, FileRecords) {
     let now = crate::util::now_ms();
+    let instant = std::time::Instant::now();
+    let quota_used_up = throttles.is_some_and(|t| asked.iter().any(|a| a.throttled) && t.leader.exceeded(instant));
     let mut remaining = response_max_bytes;
     let mut files = FileRecords::default();
     let answers = asked
@@ -175,6 +189,7 @@ fn read_all(asked: &[Asked], replica: i32, broker_epoch: i64, response_max_bytes
                 a.last_fetched_epoch,
                 a.current_leader_epoch,
                 max_bytes,
+                a.throttled && quota_used_up,
                 now,
             );
             match read {
@@ -192,6 +207,9 @@ fn read_all(asked: &[Asked], replica: i32, broker_epoch: i64, response_max_bytes
                         }
                     };
                     remaining = remaining.saturating_sub(records.len());
+                    if let (true, Some(t)) = (a.throttled, throttles) {
+                        t.leader.record(records.len(), instant);
+                    }
                     Answer {
                         code: 0,
                         records,

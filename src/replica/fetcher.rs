@@ -22,6 +22,7 @@ use tokio::sync::{watch, Notify};
 use uuid::Uuid;
 
 use super::partition::Partition;
+use super::throttle::Throttles;
 use crate::cluster::peers::Peers;
 use crate::cluster::ClusterNode;
 
@@ -57,13 +58,19 @@ pub struct Fetchers {
     /// other inter-broker requests).
     peers: Peers,
     inner: Mutex<Inner>,
+    throttles: Arc<Throttles>,
     shutdown: watch::Receiver<bool>,
 }
 
 impl Fetchers {
-    pub fn new(node: Arc<ClusterNode>, listener: &str, shutdown: watch::Receiver<bool>) -> Arc<Fetchers> {
+    pub fn new(
+        node: Arc<ClusterNode>,
+        listener: &str,
+        throttles: Arc<Throttles>,
+        shutdown: watch::Receiver<bool>,
+    ) -> Arc<Fetchers> {
         let peers = Peers::new(node.node_id, listener);
-        Arc::new(Fetchers { node, peers, inner: Mutex::new(Inner::default()), shutdown })
+        Arc::new(Fetchers { node, peers, inner: Mutex::new(Inner::default()), throttles, shutdown })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -146,12 +153,20 @@ impl Fetchers {
         delayed: &mut HashMap<(Uuid, i32), tokio::time::Instant>,
     ) -> bool {
         let mut topics: Vec<FetchTopic> = Vec::new();
-        let mut asked: Vec<(&Followed, i64)> = Vec::new();
+        // (partition, fetch offset, whether its bytes count against the follower throttle)
+        let mut asked: Vec<(&Followed, i64, bool)> = Vec::new();
         let started = tokio::time::Instant::now();
         delayed.retain(|_, until| *until > started);
         for f in assigned {
             if delayed.contains_key(&(f.topic_id, f.partition.index)) {
                 continue;
+            }
+            let throttled = self.throttles.follower_throttles(&f.topic_id, f.partition.index);
+            if throttled
+                && !f.partition.in_isr(self.node.node_id)
+                && self.throttles.follower.exceeded(started.into_std())
+            {
+                continue; // left out until the follower quota refills
             }
             let Ok((log_end, last_epoch, log_start)) = f.partition.fetch_position() else { continue };
             let p = FetchPartition::default()
@@ -165,7 +180,7 @@ impl Fetchers {
                 Some(t) => t.partitions.push(p),
                 None => topics.push(FetchTopic::default().with_topic_id(f.topic_id).with_partitions(vec![p])),
             }
-            asked.push((f, log_end));
+            asked.push((f, log_end, throttled));
         }
         if asked.is_empty() {
             return false;
@@ -199,11 +214,15 @@ impl Fetchers {
         let mut progressed = false;
         for t in response.responses {
             for pd in t.partitions {
-                let Some((f, fetch_offset)) =
-                    asked.iter().find(|(f, _)| f.topic_id == t.topic_id && f.partition.index == pd.partition_index)
+                let Some((f, fetch_offset, throttled)) =
+                    asked.iter().find(|(f, ..)| f.topic_id == t.topic_id && f.partition.index == pd.partition_index)
                 else {
                     continue;
                 };
+                if *throttled {
+                    let bytes = pd.records.as_ref().map_or(0, |r| r.len());
+                    self.throttles.follower.record(bytes, std::time::Instant::now());
+                }
                 if self.apply(f, *fetch_offset, pd, now) {
                     progressed = true;
                 } else {

@@ -12,6 +12,7 @@ pub mod hw_checkpoint;
 pub mod partition;
 pub mod replication;
 pub mod state;
+pub mod throttle;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

@@ -391,7 +391,9 @@ impl Partition {
     /// The leader serves a follower's fetch: checks its epochs, answers a
     /// diverging log with where to truncate, else reads up to the log end
     /// and records the follower's progress (which may raise the high
-    /// watermark and ask for an ISR expansion).
+    /// watermark and ask for an ISR expansion). With `hold_back` (the
+    /// replica is throttled and the leader's quota used up) a follower out
+    /// of the ISR gets no records this time; one in the ISR is never held back.
     #[allow(clippy::too_many_arguments)]
     pub fn read_for_follower(
         &self,
@@ -402,6 +404,7 @@ impl Partition {
         last_fetched_epoch: i32,
         current_leader_epoch: i32,
         max_bytes: usize,
+        hold_back: bool,
         now_ms: i64,
     ) -> Result<ReplicaRead, PartitionError> {
         self.check_leader_epoch(current_leader_epoch)?;
@@ -437,7 +440,11 @@ impl Partition {
                     .into());
                 }
             }
-            let info = log.read(fetch_offset, max_bytes, leo, true)?;
+            let info = if hold_back && !state.isr.contains(&replica) {
+                ReadInfo::default()
+            } else {
+                log.read(fetch_offset, max_bytes, leo, true)?
+            };
             let effects = state.on_follower_fetch(replica, fetch_offset, broker_epoch, now_ms);
             let log_start_moved = state.on_follower_log_start(replica, log_start_offset);
             let hw = state.high_watermark;
@@ -449,6 +456,11 @@ impl Partition {
             Ok(ReplicaRead { info, offsets: Self::offsets_of(log, hw), diverging: None, effects })
         })?;
         Ok(read)
+    }
+
+    /// Whether `replica` is in the committed ISR (as this broker's image has it).
+    pub fn in_isr(&self, replica: i32) -> bool {
+        self.lock_state().isr.contains(&replica)
     }
 
     /// Where a follower fetches from: (log end offset, the leader epoch of

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use super::fetcher::Fetchers;
 use super::partition::Partition;
 use super::state::{isr_answer, Effect, IsrAnswer, IsrProposal};
+use super::throttle::Throttles;
 use super::ReplicaManager;
 use crate::cluster::ClusterNode;
 use crate::controller::core::Request;
@@ -22,6 +23,9 @@ pub struct Replication {
     node: Arc<ClusterNode>,
     replicas: Arc<ReplicaManager>,
     fetchers: Arc<Fetchers>,
+    /// Replication throttles (`kafka-reassign-partitions --throttle`),
+    /// shared with the fetchers and the leader's replica-fetch handler.
+    throttles: Arc<Throttles>,
     /// replica.lag.time.max.ms
     lag_max_ms: i64,
 }
@@ -34,13 +38,19 @@ impl Replication {
         lag_max_ms: i64,
         shutdown: watch::Receiver<bool>,
     ) -> Arc<Replication> {
-        let fetchers = Fetchers::new(node.clone(), listener, shutdown);
-        Arc::new(Replication { node, replicas, fetchers, lag_max_ms })
+        let throttles = Arc::new(Throttles::new(node.node_id));
+        let fetchers = Fetchers::new(node.clone(), listener, throttles.clone(), shutdown);
+        Arc::new(Replication { node, replicas, fetchers, throttles, lag_max_ms })
+    }
+
+    pub fn throttles(&self) -> &Throttles {
+        &self.throttles
     }
 
     /// Applies `image`'s registrations to every hosted partition (after the
     /// publisher has opened and removed logs for it).
     pub fn apply_image(&self, image: &ClusterImage) {
+        self.throttles.apply_image(image);
         let now = crate::util::now_ms();
         let topics = self.replicas.topics();
         for local in topics.by_name.values() {

@@ -13,6 +13,8 @@ import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ConfigEntry;
+import org.apache.kafka.common.config.ConfigResource;
 
 /**
  * Kafka's cluster tools against a three-broker Strand cluster, bootstrapped
@@ -208,9 +210,21 @@ final class ClusterCliChecks {
         java.nio.file.Files.writeString(plan, "{\"version\":1,\"partitions\":[{\"topic\":\"" + t
                 + "\",\"partition\":0,\"replicas\":[3,2],\"log_dirs\":[\"any\",\"any\"]}]}");
         CliChecks.Run executed = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--execute",
-                "--reassignment-json-file", plan.toString()).ok();
-        check(executed.out().contains("Successfully started partition reassignment"), "--execute printed: %s",
-                executed.summary());
+                "--reassignment-json-file", plan.toString(), "--throttle", "50000000").ok();
+        check(executed.out().contains("Successfully started partition reassignment")
+                && executed.out().contains("The inter-broker throttle limit was set to 50000000 B/s"),
+                "--execute --throttle printed: %s", executed.summary());
+        // The tool throttles the current replicas as leaders and the new one as follower, on every broker involved.
+        String leaders = configValue(ConfigResource.Type.TOPIC, t, "leader.replication.throttled.replicas");
+        String followers = configValue(ConfigResource.Type.TOPIC, t, "follower.replication.throttled.replicas");
+        check(Set.of(leaders.split(",")).equals(Set.of("0:1", "0:2")) && followers.equals("0:3"),
+                "throttled replicas after --execute --throttle: leader %s, follower %s", leaders, followers);
+        for (String b : new String[] {"1", "2", "3"}) {
+            for (String key : new String[] {"leader.replication.throttled.rate", "follower.replication.throttled.rate"}) {
+                String rate = configValue(ConfigResource.Type.BROKER, b, key);
+                check("50000000".equals(rate), "broker %s %s after --execute --throttle: %s", b, key, rate);
+            }
+        }
         CliChecks.Run verified = null;
         for (int i = 0; i < 300; i++) {
             verified = tool(REASSIGN, null, 60, "--bootstrap-server", bs(), "--verify", "--reassignment-json-file",
@@ -220,6 +234,11 @@ final class ClusterCliChecks {
         }
         check(verified.rc() == 0 && verified.out().contains("Reassignment of partition " + t + "-0 is completed"),
                 "--verify never saw the move complete: %s", verified.summary());
+        // --verify, the move complete, removes the throttles it set.
+        String left = configValue(ConfigResource.Type.TOPIC, t, "leader.replication.throttled.replicas");
+        String rateLeft = configValue(ConfigResource.Type.BROKER, "3", "follower.replication.throttled.rate");
+        check(left.isEmpty() && !"50000000".equals(rateLeft), "throttles left after --verify: replicas %s, rate %s",
+                left, rateLeft);
         String[] after = replicasAndIsr(t);
         Set<String> isr = new TreeSet<>(List.of(after[2].split(",")));
         check(after[0].equals("3") && after[1].equals("3,2") && isr.equals(Set.of("2", "3")),
@@ -240,8 +259,18 @@ final class ClusterCliChecks {
         check(refused.rc() != 0, "a target with an unknown broker was accepted: %s", refused.summary());
         check(replicasAndIsr(t)[1].equals("3,2"), "the refused plan changed the replicas");
         tool(CliChecks.TOPICS, null, 60, "--bootstrap-server", bs(), "--delete", "--topic", t).ok();
-        return "--generate, --execute, --verify (completed), --list: the leader's replica moved from broker 1 to 3, "
-                + "20 records read after; an unknown broker refused";
+        return "--generate, --execute --throttle (throttled replicas and rates set), --verify (completed, throttles "
+                + "removed), --list: the leader's replica moved from broker 1 to 3, 20 records read after; an unknown "
+                + "broker refused";
+    }
+
+    /** One config's value as DescribeConfigs gives it ("" for a topic's throttled replicas left unset). */
+    static String configValue(ConfigResource.Type type, String name, String key) throws Exception {
+        ConfigResource resource = new ConfigResource(type, name);
+        try (Admin admin = ClientChecks.admin()) {
+            ConfigEntry e = admin.describeConfigs(List.of(resource)).all().get(30, TimeUnit.SECONDS).get(resource).get(key);
+            return e == null ? "" : e.value();
+        }
     }
 
     static String clusterId() throws Exception {
