@@ -76,6 +76,9 @@ struct Args {
     /// Replication factor for the topic if it has to be created.
     #[arg(long, default_value_t = 1)]
     replication_factor: i32,
+    /// A config of the topic if it has to be created, e.g. `min.insync.replicas=1` (repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    topic_config: Vec<String>,
     /// acks: all, -1, 0 or 1.
     #[arg(long, default_value = "all")]
     acks: String,
@@ -133,6 +136,11 @@ struct Args {
     /// run measures that pause, not the broker; 10 ms keeps it fetching.
     #[arg(long, default_value_t = 10)]
     fetch_queue_backoff_ms: u64,
+    /// --mode produce: send at most this many records per second (paced on a
+    /// fixed schedule) instead of as fast as the client takes them, e.g. to
+    /// time a failover under a steady load (`max_ack_gap_ms`).
+    #[arg(long)]
+    produce_rate: Option<u64>,
     /// --mode latency: records per second, sent on a fixed schedule.
     #[arg(long, default_value_t = 10_000)]
     rate: u64,
@@ -169,6 +177,11 @@ struct LatencyContext {
     histogram: Mutex<Histogram<u64>>,
     delivered: AtomicU64,
     errors: Mutex<(u64, Option<String>)>,
+    /// Nanoseconds since `origin` of the last acknowledgement (0: none yet).
+    last_ack_ns: AtomicU64,
+    /// The longest time between two acknowledgements: across a leader's
+    /// death it is the failover as the producer saw it.
+    max_ack_gap_ns: AtomicU64,
 }
 
 impl ClientContext for LatencyContext {
@@ -191,6 +204,11 @@ impl ProducerContext for LatencyContext {
             Ok(_) => {
                 self.delivered.fetch_add(1, Ordering::Relaxed);
                 self.histogram.lock().unwrap().saturating_record(micros);
+                let now = self.origin.elapsed().as_nanos() as u64;
+                let last = self.last_ack_ns.swap(now, Ordering::Relaxed);
+                if last != 0 {
+                    self.max_ack_gap_ns.fetch_max(now.saturating_sub(last), Ordering::Relaxed);
+                }
             }
             Err((e, _)) => {
                 let mut errors = self.errors.lock().unwrap();
@@ -226,7 +244,11 @@ fn ensure_topic(args: &Args) -> Result<i32, String> {
         return Ok(n);
     }
     let admin: AdminClient<DefaultClientContext> = base_config(args).create().map_err(|e| e.to_string())?;
-    let topic = NewTopic::new(&args.topic, args.partitions, TopicReplication::Fixed(args.replication_factor));
+    let mut topic = NewTopic::new(&args.topic, args.partitions, TopicReplication::Fixed(args.replication_factor));
+    for kv in &args.topic_config {
+        let (k, v) = kv.split_once('=').ok_or_else(|| format!("--topic-config {kv}: expected KEY=VALUE"))?;
+        topic = topic.set(k, v);
+    }
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(30)));
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
     let results = rt.block_on(admin.create_topics([&topic], &opts)).map_err(|e| e.to_string())?;
@@ -265,6 +287,8 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         histogram: Mutex::new(Histogram::new_with_bounds(1, 600_000_000, 3).expect("histogram bounds")),
         delivered: AtomicU64::new(0),
         errors: Mutex::new((0, None)),
+        last_ack_ns: AtomicU64::new(0),
+        max_ack_gap_ns: AtomicU64::new(0),
     };
     let mut config = producer_config(args);
     if let Some(id) = &args.transactional_id {
@@ -315,6 +339,8 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         }
         context.delivered.store(0, Ordering::Relaxed);
         context.histogram.lock().unwrap().reset();
+        context.last_ack_ns.store(0, Ordering::Relaxed);
+        context.max_ack_gap_ns.store(0, Ordering::Relaxed);
     }
     let started = Instant::now();
     let mut sent = 0u64;
@@ -341,7 +367,16 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     // also decides when to commit), so the transactional mode costs the
     // client no more per record than the others.
     let mut commit_at = origin.elapsed() + commit_interval;
+    // With --produce-rate, record i is sent no earlier than started + i / rate.
+    let pace = args.produce_rate.map(|rate| Duration::from_secs_f64(1.0 / rate as f64));
     while sent < args.records {
+        if let Some(interval) = pace {
+            let due = started + interval.mul_f64(sent as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+        }
         let now = origin.elapsed();
         if transactional && now >= commit_at {
             commit(transactions)?;
@@ -374,6 +409,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     let rps = args.records as f64 / elapsed;
     let mbps = rps * args.record_size as f64 / 1e6;
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let max_ack_gap_ms = context.max_ack_gap_ns.load(Ordering::Relaxed) as f64 / 1e6;
     // The plain line is unchanged from before the producer modes existed.
     let mode_note = match &args.transactional_id {
         Some(id) => format!(
@@ -389,7 +425,8 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
     };
     println!(
         "produce {} records x {} B to {} ({} partitions, acks={}, compression={}, linger.ms={}, batch.size={}{}): \
-         {:.2} s, {:.0} records/s, {:.1} MB/s, latency p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms, {} errors",
+         {:.2} s, {:.0} records/s, {:.1} MB/s, latency p50 {:.2} ms p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms, \
+         longest gap between acknowledgements {:.1} ms, {} errors",
         args.records,
         args.record_size,
         args.topic,
@@ -406,6 +443,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         ms(0.99),
         ms(0.999),
         h.max() as f64 / 1000.0,
+        max_ack_gap_ms,
         errors
     );
     let mut json = serde_json::json!({
@@ -416,6 +454,7 @@ fn produce(args: &Args, partitions: i32) -> Result<serde_json::Value, String> {
         "records_per_sec": rps, "mb_per_sec": mbps,
         "latency_ms": {"p50": ms(0.5), "p99": ms(0.99), "p99_9": ms(0.999), "max": h.max() as f64 / 1000.0},
         "errors": errors, "acknowledged": delivered, "queue_kbytes": args.queue_kbytes, "warmup": args.warmup,
+        "max_ack_gap_ms": max_ack_gap_ms, "produce_rate": args.produce_rate,
     });
     if let Some(n) = args.max_in_flight {
         json["max_in_flight"] = n.into();
