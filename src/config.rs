@@ -186,6 +186,15 @@ impl QuorumSettings {
         self.roles.controller && !self.roles.broker
     }
 
+    /// How soon after a broker's connection to the controller breaks it is
+    /// fenced if it stays silent: one heartbeat interval and a second more
+    /// (a live broker reconnects with its next heartbeat), when that is
+    /// shorter than the session; otherwise only the session counts.
+    pub fn connection_loss_grace_ms(&self) -> Option<u64> {
+        let grace = self.heartbeat_interval_ms + 1000;
+        (grace < self.session_timeout_ms).then_some(grace)
+    }
+
     /// A single combined node that is the only voter: today's single node.
     pub fn is_single_node(&self, node_id: i32) -> bool {
         self.roles.broker && self.roles.controller && self.voters.len() == 1 && self.voters[0].id == node_id

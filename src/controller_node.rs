@@ -52,6 +52,7 @@ impl ControllerNode {
         let meta = MetaProperties::open(&dir, config.node_id).map_err(|e| StartError::Unsupported(e.to_string()))?;
         let mut settings = DriverSettings::new(config.node_id, quorum.voters.clone(), dir.clone());
         settings.session_timeout_ms = quorum.session_timeout_ms;
+        settings.connection_loss_grace_ms = quorum.connection_loss_grace_ms();
         settings.leader_rebalance_interval_ms = quorum.leader_rebalance_interval_ms;
         settings.unclean_leader_election = quorum.unclean_leader_election;
         settings.expected_cluster_id = meta.cluster_id.clone();

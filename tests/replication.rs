@@ -18,6 +18,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Message, Offset, TopicPartitionList};
+use strand::metadata::image::LeaderRecoveryState;
 
 const READY: Duration = Duration::from_secs(30);
 
@@ -565,6 +566,12 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
         async move { (md[&0].0 == 2 && md[&0].2 == vec![2]).then_some(()) }
     })
     .await;
+    // KIP-704: the unclean leader is recovering until its first ISR change.
+    let recovery = |cluster: &TestCluster| {
+        let image = cluster.state(3).cluster().unwrap().image();
+        image.partition("unclean", 0).unwrap().leader_recovery_state
+    };
+    assert_eq!(recovery(&cluster), LeaderRecoveryState::Recovering);
     let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
     assert_eq!(send_all(&producer(&bootstrap), "unclean", 0, &kept).await, (0..5).collect::<Vec<i64>>());
 
@@ -575,6 +582,7 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
         async move { (md[&0].0 == 2 && md[&0].2.len() == 2).then_some(()) }
     })
     .await;
+    assert_eq!(recovery(&cluster), LeaderRecoveryState::Recovered, "the ISR change that took broker 1 back");
     let read = read_partition(&bootstrap, "unclean", 0, 5);
     assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
     let end = cluster.state(2).replicas.partition("unclean", 0).unwrap().high_watermark();

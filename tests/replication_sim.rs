@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use strand::controller::core::{
     ControllerCore, CoreSettings, Effect as CoreEffect, ElectionType, Input, Reply, Request,
 };
-use strand::metadata::image::{ClusterImage, PartitionRegistration, NO_LEADER};
+use strand::metadata::image::{ClusterImage, LeaderRecoveryState, PartitionRegistration, NO_LEADER};
 use strand::metadata::records::Endpoint;
 use strand::replica::state::{
     check_fetch_position, isr_answer, truncation_offset, Effect, FetchPosition, IsrAnswer, IsrProposal, PartitionState,
@@ -245,6 +245,7 @@ impl Sim {
         let controller = ControllerCore::new(
             CoreSettings {
                 session_timeout_ms: SESSION_MS,
+                connection_loss_grace_ms: None,
                 leader_rebalance_interval_ms: if scripted { None } else { Some(REBALANCE_MS) },
                 unclean_leader_election: false,
                 min_insync_replicas: MIN_ISR,
@@ -532,6 +533,7 @@ impl Sim {
                         leader_epoch: proposal.leader_epoch,
                         partition_epoch: proposal.partition_epoch,
                         new_isr: proposal.isr.clone(),
+                        leader_recovery_state: LeaderRecoveryState::Recovered,
                     };
                     self.trace(format!("{id} proposes ISR {:?}", proposal.isr));
                     self.inflight.push((id, proposal.clone(), self.now));

@@ -101,6 +101,7 @@ impl ClusterNode {
             Some(listener) => {
                 let mut settings = DriverSettings::new(node_id, quorum.voters.clone(), quorum.metadata_log_dir.clone());
                 settings.session_timeout_ms = quorum.session_timeout_ms;
+                settings.connection_loss_grace_ms = quorum.connection_loss_grace_ms();
                 settings.leader_rebalance_interval_ms = quorum.leader_rebalance_interval_ms;
                 settings.unclean_leader_election = quorum.unclean_leader_election;
                 settings.min_insync_replicas = quorum.min_insync_replicas;

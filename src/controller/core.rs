@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use super::eligible;
 use super::reassignment::{self, ReassignmentError, ReassignmentResult, ReplicaChange};
-use crate::metadata::image::{Applied, ClusterImage, PartitionRegistration, NO_LEADER};
+use crate::metadata::image::{Applied, ClusterImage, LeaderRecoveryState, PartitionRegistration, NO_LEADER};
 use crate::metadata::placement::{self, Candidate, PlacementError};
 use crate::metadata::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
 
@@ -84,6 +84,10 @@ pub enum Request {
         leader_epoch: i32,
         partition_epoch: i32,
         new_isr: Vec<i32>,
+        /// The leader's recovery state (KIP-704): a leader elected
+        /// uncleanly says RECOVERED with its first ISR change.
+        #[serde(default)]
+        leader_recovery_state: LeaderRecoveryState,
     },
     /// DescribeQuorum: answered by the driver, which holds the raft state;
     /// it never reaches the core's decisions.
@@ -220,9 +224,26 @@ type Placed = (Vec<i32>, Vec<i32>);
 
 #[derive(Debug, Clone)]
 pub enum Input {
-    Request { id: RequestId, request: Request, now_ms: u64 },
-    Tick { now_ms: u64 },
-    Committed { offset: u64, batch: RecordBatch },
+    Request {
+        id: RequestId,
+        request: Request,
+        now_ms: u64,
+    },
+    Tick {
+        now_ms: u64,
+    },
+    Committed {
+        offset: u64,
+        batch: RecordBatch,
+    },
+    /// The driver saw a connection to or from `broker_id` break (its
+    /// process gone or restarting): its session ends
+    /// [`CoreSettings::connection_loss_grace_ms`] later unless it
+    /// heartbeats or registers again first.
+    ConnectionLost {
+        broker_id: i32,
+        now_ms: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,6 +266,13 @@ pub const MAX_ELECTIONS_PER_PASS: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct CoreSettings {
     pub session_timeout_ms: u64,
+    /// How long after a broken connection (see [`Input::ConnectionLost`])
+    /// a silent broker is fenced, instead of the whole session timeout: a
+    /// killed broker's sockets close at once, so its partitions need not
+    /// wait 9 s for new leaders. Longer than the broker's heartbeat
+    /// interval, so a live broker whose connection merely dropped
+    /// reconnects and heartbeats in time. `None`: only sessions fence.
+    pub connection_loss_grace_ms: Option<u64>,
     /// `leader.imbalance.check.interval.seconds` in ms when
     /// `auto.leader.rebalance.enable` is on: how often partitions led by
     /// another replica than their preferred one get it back
@@ -287,6 +315,9 @@ pub struct ControllerCore {
     image: ClusterImage,
     /// Last heartbeat per broker id (active controller only).
     last_heartbeat_ms: HashMap<i32, u64>,
+    /// When a connection of each broker broke, if it has not heartbeated
+    /// or registered since (active controller only).
+    connection_lost_ms: HashMap<i32, u64>,
     /// Brokers that registered or heartbeated to this active controller.
     /// New partitions go to these: a new controller gives every broker a
     /// fresh session, so a broker that died just before the failover still
@@ -310,6 +341,7 @@ impl ControllerCore {
             settings,
             image,
             last_heartbeat_ms: HashMap::new(),
+            connection_lost_ms: HashMap::new(),
             heard_from: Default::default(),
             pending: BTreeMap::new(),
             last_repair_ms: None,
@@ -343,6 +375,12 @@ impl ControllerCore {
                 effects
             }
             Input::Request { id, request, now_ms } => self.request(id, request, now_ms),
+            Input::ConnectionLost { broker_id, now_ms } => {
+                // The first break counts: the reconnect attempts that follow
+                // report it again and must not push the deadline on.
+                self.connection_lost_ms.entry(broker_id).or_insert(now_ms);
+                Vec::new()
+            }
         }
     }
 
@@ -363,6 +401,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Registered { epoch: b.epoch });
                 }
                 self.last_heartbeat_ms.insert(*broker_id, now_ms);
+                self.connection_lost_ms.remove(broker_id);
                 self.heard_from.insert(*broker_id);
                 let mut records = vec![MetadataRecord::RegisterBroker {
                     broker_id: *broker_id,
@@ -383,6 +422,7 @@ impl ControllerCore {
                     return Self::reply(id, Reply::Error(ControllerError::StaleBrokerEpoch(*broker_id)));
                 };
                 self.last_heartbeat_ms.insert(*broker_id, now_ms);
+                self.connection_lost_ms.remove(broker_id);
                 self.heard_from.insert(*broker_id);
                 let mut records = Vec::new();
                 if *want_shutdown {
@@ -495,21 +535,31 @@ impl ControllerCore {
                 leader_epoch,
                 partition_epoch,
                 new_isr,
+                leader_recovery_state,
             } => {
                 let checked = self
                     .partition_led_by(*broker_id, *broker_epoch, *topic_id, *partition, *leader_epoch, *partition_epoch)
-                    .and_then(|reg| self.check_new_isr(reg, new_isr).map(|()| reg));
+                    .and_then(|reg| self.check_new_isr(reg, new_isr).map(|()| reg))
+                    .and_then(|reg| check_recovery(reg, new_isr, *leader_recovery_state).map(|()| reg));
                 let reg = match checked {
                     Ok(reg) => reg,
                     Err(e) => return Self::reply(id, Reply::Error(e)),
                 };
-                if same_members(&reg.isr, new_isr) {
+                let state = *leader_recovery_state;
+                if same_members(&reg.isr, new_isr) && state == reg.leader_recovery_state {
                     return Self::reply(id, altered(reg));
+                }
+                if state != reg.leader_recovery_state {
+                    tracing::info!(topic = %self.image.topics[topic_id].name, partition, ?state, "leader recovery state changes");
                 }
                 // The expansion that brings the last target replica in
                 // completes a reassignment, in the same change (as Kafka).
-                let change = reassignment::completion(reg, new_isr, |b| self.is_active(b))
+                let mut change = reassignment::completion(reg, new_isr, |b| self.is_active(b))
                     .unwrap_or(ReplicaChange { isr: Some(new_isr.clone()), ..Default::default() });
+                if change.isr.as_deref() == Some(&reg.isr[..]) {
+                    change.isr = None;
+                }
+                change.leader_recovery_state = (state != reg.leader_recovery_state).then_some(state);
                 let name = &self.image.topics[topic_id].name;
                 let records = vec![change_record(*topic_id, *partition, reg, self.with_elr(name, reg, change))];
                 self.propose(id, request, records)
@@ -774,7 +824,13 @@ impl ControllerCore {
             .filter(|b| !b.fenced)
             .filter(|b| {
                 let last = *self.last_heartbeat_ms.entry(b.id).or_insert(now_ms);
-                now_ms.saturating_sub(last) > self.settings.session_timeout_ms
+                let session_over = now_ms.saturating_sub(last) > self.settings.session_timeout_ms;
+                let connection_gone = match (self.connection_lost_ms.get(&b.id), self.settings.connection_loss_grace_ms)
+                {
+                    (Some(&lost), Some(grace)) => now_ms.saturating_sub(lost) > grace,
+                    _ => false,
+                };
+                session_over || connection_gone
             })
             .map(|b| (b.id, b.epoch))
             // Don't propose the same fencing again while one is in flight.
@@ -1091,7 +1147,26 @@ fn change_record(topic_id: Uuid, partition: i32, reg: &PartitionRegistration, ch
         assignment: change.assignment,
         elr: change.elr,
         last_known_elr: change.last_known_elr,
+        leader_recovery_state: change.leader_recovery_state,
     }
+}
+
+/// Kafka's KIP-704 rules for an AlterPartition's recovery state: a leader
+/// still recovering keeps the ISR to itself, and a recovered partition
+/// never goes back to recovering (both INVALID_REQUEST).
+fn check_recovery(
+    reg: &PartitionRegistration,
+    new_isr: &[i32],
+    state: LeaderRecoveryState,
+) -> Result<(), ControllerError> {
+    let invalid = |why: &str| Err(ControllerError::InvalidIsr { isr: new_isr.to_vec(), why: why.into() });
+    if state == LeaderRecoveryState::Recovering && new_isr.len() > 1 {
+        return invalid("the leader is still recovering from an unclean election, so it must be alone in the ISR");
+    }
+    if reg.leader_recovery_state == LeaderRecoveryState::Recovered && state == LeaderRecoveryState::Recovering {
+        return invalid("the partition's leader has already recovered; it cannot go back to recovering");
+    }
+    Ok(())
 }
 
 /// An AlterPartition's answer: the partition as it now is.
@@ -1167,10 +1242,16 @@ fn settle(
     let change = ReplicaChange {
         leader: (leader != reg.leader).then_some(leader),
         isr: (isr != reg.isr).then_some(isr),
+        // An unclean leader starts recovering (KIP-704).
+        leader_recovery_state: (unclean_election && reg.leader_recovery_state.is_recovered())
+            .then_some(LeaderRecoveryState::Recovering),
         ..Default::default()
     };
     let change = eligible::complete(reg, change, min_isr, unclean_shutdown, unclean_election);
-    let changed = change.leader.is_some() || change.isr.is_some() || change.elr.is_some();
+    let changed = change.leader.is_some()
+        || change.isr.is_some()
+        || change.elr.is_some()
+        || change.leader_recovery_state.is_some();
     (changed || change.last_known_elr.is_some()).then_some(change)
 }
 
@@ -1208,6 +1289,7 @@ mod tests {
         fn rebalancing(interval_ms: Option<u64>) -> Harness {
             let settings = CoreSettings {
                 session_timeout_ms: 9000,
+                connection_loss_grace_ms: Some(3000),
                 leader_rebalance_interval_ms: interval_ms,
                 unclean_leader_election: false,
                 min_insync_replicas: 1,
@@ -1298,6 +1380,7 @@ mod tests {
             leader_epoch: reg.leader_epoch,
             partition_epoch: reg.partition_epoch,
             new_isr,
+            leader_recovery_state: LeaderRecoveryState::Recovered,
         }
     }
 
@@ -1458,6 +1541,35 @@ mod tests {
     }
 
     #[test]
+    fn a_lost_connection_ends_the_session_unless_the_broker_heartbeats_again() {
+        let (mut h, epochs) = rf3();
+        let fenced = |h: &Harness, b: i32| h.core.image().brokers[&b].fenced;
+        // Broker 2's connection breaks at 1000 but it heartbeats at 2000:
+        // the loss is forgotten, and it stays unfenced long after the grace.
+        h.run(Input::ConnectionLost { broker_id: 2, now_ms: 1000 });
+        run_sessions(&mut h, &epochs, &[], 2000, 6000);
+        assert!(!fenced(&h, 2));
+        // Broker 1's breaks at 6500 and it stays silent: fenced once the
+        // 3 s grace is over, long before its 9 s session would end.
+        h.run(Input::ConnectionLost { broker_id: 1, now_ms: 6500 });
+        // Repeated reports (each reconnect attempt) keep the first time.
+        h.run(Input::ConnectionLost { broker_id: 1, now_ms: 8000 });
+        run_sessions(&mut h, &epochs, &[1], 7000, 9000);
+        assert!(!fenced(&h, 1), "within the grace");
+        run_sessions(&mut h, &epochs, &[1], 10_000, 10_000);
+        assert!(fenced(&h, 1), "3.5 s after the break, 4.5 s after its last heartbeat");
+        assert!((0..3).all(|p| !partition(&h, "r", p).isr.contains(&1)));
+        // Without a grace only the session fences.
+        let (mut h, epochs) = rf3();
+        h.core.settings.connection_loss_grace_ms = None;
+        h.run(Input::ConnectionLost { broker_id: 1, now_ms: 1000 });
+        run_sessions(&mut h, &epochs, &[1], 1000, 9000);
+        assert!(!fenced(&h, 1));
+        run_sessions(&mut h, &epochs, &[1], 10_000, 10_000);
+        assert!(fenced(&h, 1));
+    }
+
+    #[test]
     fn a_fenced_leader_is_succeeded_by_the_next_isr_member_and_leaves_every_isr() {
         let (mut h, epochs) = rf3();
         let before: Vec<PartitionRegistration> = (0..3).map(|p| partition(&h, "r", p)).collect();
@@ -1574,6 +1686,9 @@ mod tests {
         let p = partition(&h, "one", 0);
         assert_eq!((p.leader, p.isr.as_slice(), p.elr.as_slice()), (1, &[1][..], &[][..]));
         assert!(p.last_known_elr.is_empty());
+        // Electing the last known leader is unclean: it may have lost its
+        // unflushed tail, so it starts recovering (KIP-704, as Kafka).
+        assert_eq!(p.leader_recovery_state, LeaderRecoveryState::Recovering);
     }
 
     #[test]
@@ -1685,11 +1800,12 @@ mod tests {
                 removing_replicas: vec![],
                 elr,
                 last_known_elr,
+                leader_recovery_state: Default::default(),
             }
         };
         let up = |ids: &'static [i32]| move |b: i32| ids.contains(&b);
         let change = |leader: Option<i32>, isr: Option<Vec<i32>>, elr: Option<Vec<i32>>, lke: Option<Vec<i32>>| {
-            Some(ReplicaChange { leader, isr, assignment: None, elr, last_known_elr: lke })
+            Some(ReplicaChange { leader, isr, assignment: None, elr, last_known_elr: lke, leader_recovery_state: None })
         };
         let r123 = vec![1, 2, 3];
         assert_eq!(settle(&reg(r123.clone(), vec![1, 2, 3], 2, vec![], vec![]), up(&[1, 2, 3]), false, 2, &[]), None);
@@ -1726,7 +1842,14 @@ mod tests {
         assert_eq!(settle(&lost, up(&[]), false, 2, &[3]), change(Some(NO_LEADER), Some(vec![]), None, Some(vec![3])));
         let remembered = reg(r123.clone(), vec![], NO_LEADER, vec![], vec![3]);
         assert_eq!(settle(&remembered, up(&[1, 2]), false, 2, &[]), None);
-        assert_eq!(settle(&remembered, up(&[3]), false, 2, &[]), change(Some(3), Some(vec![3]), None, Some(vec![])));
+        // Both unclean elections: the leader starts recovering (KIP-704).
+        let recovering = |c: Option<ReplicaChange>| {
+            c.map(|c| ReplicaChange { leader_recovery_state: Some(LeaderRecoveryState::Recovering), ..c })
+        };
+        assert_eq!(
+            settle(&remembered, up(&[3]), false, 2, &[]),
+            recovering(change(Some(3), Some(vec![3]), None, Some(vec![])))
+        );
         // Unclean: the first active replica, alone in the ISR, and the ELR cleared.
         assert_eq!(
             settle(&offline, up(&[2, 1]), true, 2, &[]),
@@ -1734,7 +1857,10 @@ mod tests {
             "an ELR member first"
         );
         let empty = reg(r123.clone(), vec![], NO_LEADER, vec![], vec![]);
-        assert_eq!(settle(&empty, up(&[2, 1]), true, 2, &[]), change(Some(1), Some(vec![1]), None, None));
+        assert_eq!(settle(&empty, up(&[2, 1]), true, 2, &[]), recovering(change(Some(1), Some(vec![1]), None, None)));
+        // Still recovering: a later election leaves the state as it is.
+        let still = PartitionRegistration { leader_recovery_state: LeaderRecoveryState::Recovering, ..empty };
+        assert_eq!(settle(&still, up(&[2]), true, 2, &[]), change(Some(2), Some(vec![2]), None, None));
     }
 
     #[test]
@@ -1836,6 +1962,7 @@ mod tests {
         h.core = ControllerCore::new(
             CoreSettings {
                 session_timeout_ms: 9000,
+                connection_loss_grace_ms: Some(3000),
                 leader_rebalance_interval_ms: None,
                 unclean_leader_election: false,
                 min_insync_replicas: 1,
@@ -2033,6 +2160,33 @@ mod tests {
         let reg = partition(&h, "u", 0);
         assert_eq!((reg.leader, reg.isr, reg.leader_epoch), (2, vec![2], 2));
         assert!(reg.elr.is_empty(), "an unclean election clears the ELR");
+        // KIP-704: the unclean leader starts recovering, alone in the ISR.
+        assert_eq!(reg.leader_recovery_state, LeaderRecoveryState::Recovering);
+        heartbeat(&mut h, 1, epochs[&1], 11_000, false);
+        let with_state = |h: &Harness, isr: Vec<i32>, state| {
+            let mut r = alter(h, 2, "u", 0, isr);
+            if let Request::AlterPartition { leader_recovery_state, .. } = &mut r {
+                *leader_recovery_state = state;
+            }
+            r
+        };
+        let r = h.call(with_state(&h, vec![2, 1], LeaderRecoveryState::Recovering), 11_000);
+        assert!(
+            matches!(&r, Reply::Error(ControllerError::InvalidIsr { why, .. }) if why.contains("still recovering")),
+            "{r:?}"
+        );
+        // Its first ISR change says it recovered, and the ISR grows.
+        let r = h.call(with_state(&h, vec![2, 1], LeaderRecoveryState::Recovered), 11_000);
+        assert!(matches!(r, Reply::PartitionAltered { .. }), "{r:?}");
+        let reg = partition(&h, "u", 0);
+        assert_eq!((reg.isr.as_slice(), reg.leader_recovery_state), (&[2, 1][..], LeaderRecoveryState::Recovered));
+        // Recovered is final.
+        let r = h.call(with_state(&h, vec![2], LeaderRecoveryState::Recovering), 11_000);
+        assert!(
+            matches!(&r, Reply::Error(ControllerError::InvalidIsr { why, .. }) if why.contains("already recovered")),
+            "{r:?}"
+        );
+        assert_eq!(partition(&h, "u", 0).isr, vec![2, 1]);
     }
 
     #[test]

@@ -47,6 +47,8 @@ pub struct DriverSettings {
     pub voters: Vec<Voter>,
     pub metadata_log_dir: PathBuf,
     pub session_timeout_ms: u64,
+    /// See [`CoreSettings::connection_loss_grace_ms`].
+    pub connection_loss_grace_ms: Option<u64>,
     /// See [`CoreSettings::leader_rebalance_interval_ms`].
     pub leader_rebalance_interval_ms: Option<u64>,
     /// See [`CoreSettings::unclean_leader_election`].
@@ -76,6 +78,7 @@ impl DriverSettings {
             voters,
             metadata_log_dir,
             session_timeout_ms: 9000,
+            connection_loss_grace_ms: Some(3000),
             leader_rebalance_interval_ms: Some(300_000),
             unclean_leader_election: false,
             min_insync_replicas: 1,
@@ -98,6 +101,7 @@ fn core_settings(settings: &DriverSettings, term: u64, offset: u64) -> CoreSetti
     std::hash::Hash::hash(&(settings.seed, settings.node_id, term, offset), &mut h);
     CoreSettings {
         session_timeout_ms: settings.session_timeout_ms,
+        connection_loss_grace_ms: settings.connection_loss_grace_ms,
         leader_rebalance_interval_ms: settings.leader_rebalance_interval_ms,
         unclean_leader_election: settings.unclean_leader_election,
         min_insync_replicas: settings.min_insync_replicas,
@@ -139,6 +143,8 @@ enum Input {
     Tick,
     Raft(Box<Message>),
     Unreachable(u64),
+    /// A connection of this node id broke (see [`CoreInput::ConnectionLost`]).
+    ConnectionLost(i32),
     Request(Request, oneshot::Sender<Answer>),
     Stop,
 }
@@ -432,6 +438,12 @@ impl Run {
                     }
                 }
                 Input::Unreachable(id) => self.node.report_unreachable(id),
+                Input::ConnectionLost(broker_id) => {
+                    if self.node.is_leader() {
+                        let effects = self.core.step(CoreInput::ConnectionLost { broker_id, now_ms: self.now_ms() });
+                        self.effects(effects, None);
+                    }
+                }
                 Input::Request(request, reply) => self.request(request, reply),
             }
             if let Err(e) = self.ready() {
@@ -688,10 +700,15 @@ async fn send_to_peer(
     loop {
         let mut stream = match TcpStream::connect(&addr).await {
             Ok(s) => s,
-            Err(_) => {
+            Err(e) => {
                 // Drop what queued meanwhile: raft resends from its progress.
                 while messages.try_recv().is_ok() {}
                 let _ = inputs.send(Input::Unreachable(peer.id as u64));
+                // Nothing listens where the peer was: its process is gone
+                // (a timeout says less; the network may be slow).
+                if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                    let _ = inputs.send(Input::ConnectionLost(peer.id));
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
@@ -714,6 +731,7 @@ async fn send_to_peer(
             };
             if transport::write_frame(&mut stream, &bytes).await.is_err() {
                 let _ = inputs.send(Input::Unreachable(peer.id as u64));
+                let _ = inputs.send(Input::ConnectionLost(peer.id));
                 break;
             }
         }
@@ -788,7 +806,15 @@ async fn accept_peers(
 /// Answers a broker's requests (registration, heartbeats, forwarded admin
 /// requests), one at a time in order, as this node's controller answers
 /// them; a node that is not the leader says so and the broker re-routes.
-async fn serve_requests(mut stream: TcpStream, from: i32, inputs: mpsc::UnboundedSender<Input>) {
+async fn serve_requests(stream: TcpStream, from: i32, inputs: mpsc::UnboundedSender<Input>) {
+    answer_requests(stream, from, &inputs).await;
+    // However it ended, the broker is no longer connected here: the active
+    // controller shortens its session (the broker reconnects and heartbeats
+    // well within the grace if it is alive).
+    let _ = inputs.send(Input::ConnectionLost(from));
+}
+
+async fn answer_requests(mut stream: TcpStream, from: i32, inputs: &mpsc::UnboundedSender<Input>) {
     while let Ok(frame) = transport::read_frame(&mut stream).await {
         let answer: Answer = match serde_json::from_slice::<Request>(&frame) {
             Ok(request) => {

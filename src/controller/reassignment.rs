@@ -14,7 +14,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::metadata::image::{PartitionRegistration, NO_LEADER};
+use crate::metadata::image::{LeaderRecoveryState, PartitionRegistration, NO_LEADER};
 use crate::metadata::records::Assignment;
 
 /// The leader, ISR and replica set a reassignment step changes to, each
@@ -27,6 +27,9 @@ pub struct ReplicaChange {
     /// Set by [`super::eligible::complete`] for every change.
     pub elr: Option<Vec<i32>>,
     pub last_known_elr: Option<Vec<i32>>,
+    /// RECOVERING when the change is an unclean election (KIP-704), or the
+    /// state an AlterPartition asks for; `None`: unchanged.
+    pub leader_recovery_state: Option<LeaderRecoveryState>,
 }
 
 /// One partition's outcome of an AlterPartitionReassignments request.

@@ -19,6 +19,24 @@ use super::records::{ConfigResource, Endpoint, MetadataRecord, RecordBatch};
 /// No leader: the partition is offline.
 pub const NO_LEADER: i32 = -1;
 
+/// Whether a partition's leader came from an unclean election and has not
+/// yet said it recovered (Kafka's KIP-704). An unclean leader starts
+/// RECOVERING, alone in the ISR; its first ISR change says RECOVERED, and
+/// until then the ISR cannot grow, so no follower is counted in sync with
+/// a log that may still be missing what the old ISR held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LeaderRecoveryState {
+    #[default]
+    Recovered,
+    Recovering,
+}
+
+impl LeaderRecoveryState {
+    pub fn is_recovered(&self) -> bool {
+        *self == LeaderRecoveryState::Recovered
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerRegistration {
     pub id: i32,
@@ -63,6 +81,10 @@ pub struct PartitionRegistration {
     /// replica elected (as an unclean election) if nothing better returns.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_known_elr: Vec<i32>,
+    /// RECOVERING after an unclean election until the leader's first ISR
+    /// change (KIP-704).
+    #[serde(default, skip_serializing_if = "LeaderRecoveryState::is_recovered")]
+    pub leader_recovery_state: LeaderRecoveryState,
 }
 
 impl PartitionRegistration {
@@ -79,6 +101,7 @@ impl PartitionRegistration {
             removing_replicas: vec![],
             elr: vec![],
             last_known_elr: vec![],
+            leader_recovery_state: LeaderRecoveryState::Recovered,
         }
     }
 
@@ -120,6 +143,9 @@ impl PartitionRegistration {
         }
         if has_duplicates(&self.isr) {
             return Err("an ISR member is listed twice");
+        }
+        if !self.leader_recovery_state.is_recovered() && self.isr.len() > 1 {
+            return Err("the ISR grew while the leader was still recovering");
         }
         if !self.isr.iter().all(|r| self.replicas.contains(r)) {
             return Err("an ISR member is not a replica");
@@ -287,6 +313,7 @@ impl ClusterImage {
                     removing_replicas: Vec::new(),
                     elr: Vec::new(),
                     last_known_elr: Vec::new(),
+                    leader_recovery_state: LeaderRecoveryState::Recovered,
                 };
                 if let Err(why) = new.check() {
                     return Ignored(why);
@@ -303,6 +330,7 @@ impl ClusterImage {
                 assignment,
                 elr,
                 last_known_elr,
+                leader_recovery_state,
             } => {
                 let Some(p) = self.topics.get_mut(topic_id).and_then(|t| t.partitions.get_mut(partition)) else {
                     return Ignored("no such partition");
@@ -324,6 +352,9 @@ impl ClusterImage {
                 }
                 if let Some(lke) = last_known_elr {
                     new.last_known_elr = lke.clone();
+                }
+                if let Some(state) = leader_recovery_state {
+                    new.leader_recovery_state = *state;
                 }
                 if let Some(leader) = leader {
                     if *leader != new.leader {
@@ -450,6 +481,7 @@ mod tests {
                 assignment: None,
                 elr: None,
                 last_known_elr: None,
+                leader_recovery_state: None,
             },
             MetadataRecord::Config {
                 resource: ConfigResource::Topic("t".into()),
@@ -539,6 +571,7 @@ mod tests {
             assignment: None,
             elr: None,
             last_known_elr: None,
+            leader_recovery_state: None,
         };
         for (bad, why) in [
             (change(Some(vec![]), None), "the ISR is empty under a leader"),
@@ -554,6 +587,43 @@ mod tests {
         image.apply(image.offset + 1, &batch(vec![change(Some(vec![2, 3]), Some(2))]));
         let p = image.partition("t", 0).unwrap();
         assert_eq!((p.isr.as_slice(), p.leader, p.leader_epoch, p.partition_epoch), (&[2, 3][..], 2, 1, 1));
+        // A recovering leader (KIP-704) is alone in the ISR until it recovers.
+        let with = |record: MetadataRecord, epoch: i32, state: Option<LeaderRecoveryState>| match record {
+            MetadataRecord::PartitionChange {
+                topic_id,
+                partition,
+                leader,
+                isr,
+                assignment,
+                elr,
+                last_known_elr,
+                ..
+            } => MetadataRecord::PartitionChange {
+                topic_id,
+                partition,
+                expected_partition_epoch: epoch,
+                leader,
+                isr,
+                assignment,
+                elr,
+                last_known_elr,
+                leader_recovery_state: state,
+            },
+            other => other,
+        };
+        let recovering = |isr: Vec<i32>, epoch, state| with(change(Some(isr), None), epoch, Some(state));
+        let grow_recovering = recovering(vec![2, 3], 1, LeaderRecoveryState::Recovering);
+        let why = "the ISR grew while the leader was still recovering";
+        assert_eq!(image.apply(image.offset + 1, &batch(vec![grow_recovering])), vec![Applied::Ignored(why)]);
+        image.apply(image.offset + 1, &batch(vec![recovering(vec![2], 1, LeaderRecoveryState::Recovering)]));
+        let p = image.partition("t", 0).unwrap();
+        assert_eq!((p.isr.as_slice(), p.leader_recovery_state), (&[2][..], LeaderRecoveryState::Recovering));
+        // Absent means unchanged.
+        image.apply(image.offset + 1, &batch(vec![with(change(None, Some(2)), 2, None)]));
+        assert_eq!(image.partition("t", 0).unwrap().leader_recovery_state, LeaderRecoveryState::Recovering);
+        image.apply(image.offset + 1, &batch(vec![recovering(vec![2, 3], 3, LeaderRecoveryState::Recovered)]));
+        let p = image.partition("t", 0).unwrap();
+        assert_eq!((p.isr.as_slice(), p.leader_recovery_state), (&[2, 3][..], LeaderRecoveryState::Recovered));
     }
 
     #[test]

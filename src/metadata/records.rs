@@ -99,6 +99,9 @@ pub enum MetadataRecord {
         /// neither ISR nor ELR); absent when unchanged.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         last_known_elr: Option<Vec<i32>>,
+        /// A new leader recovery state (KIP-704); absent when unchanged.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        leader_recovery_state: Option<super::image::LeaderRecoveryState>,
     },
     RemoveTopic {
         id: Uuid,

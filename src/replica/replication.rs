@@ -17,7 +17,7 @@ use super::throttle::Throttles;
 use super::ReplicaManager;
 use crate::cluster::ClusterNode;
 use crate::controller::core::Request;
-use crate::metadata::image::ClusterImage;
+use crate::metadata::image::{ClusterImage, LeaderRecoveryState};
 
 pub struct Replication {
     node: Arc<ClusterNode>,
@@ -126,6 +126,9 @@ async fn alter_isr(node: Arc<ClusterNode>, topic_id: Uuid, partition: Arc<Partit
         leader_epoch: proposal.leader_epoch,
         partition_epoch: proposal.partition_epoch,
         new_isr: proposal.isr.clone(),
+        // As Kafka's brokers: a leader takes leadership as recovered, so
+        // its first ISR change ends an unclean election's RECOVERING state.
+        leader_recovery_state: LeaderRecoveryState::Recovered,
     };
     tracing::info!(topic = %partition.topic, partition = partition.index, isr = ?proposal.isr, "proposing an ISR change");
     loop {

@@ -565,6 +565,7 @@ mod tests {
             removing_replicas: vec![],
             elr: vec![],
             last_known_elr: vec![],
+            leader_recovery_state: Default::default(),
         }
     }
 
