@@ -11,7 +11,7 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,7 +30,16 @@ type Acked = Arc<Mutex<BTreeMap<(i32, i64), String>>>;
 
 /// (leader, isr) per partition, as node `from` answers Metadata.
 async fn partitions(cluster: &ChildCluster, from: i32) -> Result<BTreeMap<i32, (i32, Vec<i32>)>, String> {
-    let md = cluster.metadata(from, Some(&[TOPIC])).await?;
+    topic_partitions(cluster, from, TOPIC).await
+}
+
+/// (leader, isr) per partition of `topic`, as node `from` answers Metadata.
+async fn topic_partitions(
+    cluster: &ChildCluster,
+    from: i32,
+    topic: &str,
+) -> Result<BTreeMap<i32, (i32, Vec<i32>)>, String> {
+    let md = cluster.metadata(from, Some(&[topic])).await?;
     let t = md.topics.first().ok_or("no topic")?;
     Ok(t.partitions
         .iter()
@@ -313,4 +322,358 @@ async fn a_rolling_restart_under_load_fails_and_loses_nothing() {
     );
     assert_eq!(failed, 0, "a write failed during the rolling restart");
     everything_acknowledged_is_kept(&cluster, &acked).await;
+}
+
+const EOS_IN: &str = "eos-in";
+const EOS_OUT: &str = "eos-out";
+const EOS_PARTITIONS: i32 = 2;
+const EOS_GROUP: &str = "eos";
+const TXN_CALL: Duration = Duration::from_secs(60);
+
+/// What the transform loop did, for the figures line.
+#[derive(Debug, Default)]
+struct TransformStats {
+    committed_transactions: usize,
+    aborted_transactions: usize,
+    new_producers: usize,
+}
+
+/// A transactional producer for `txn_id`, its transactions initialised.
+fn transactional_producer(bootstrap: &str, txn_id: &str) -> rdkafka::producer::BaseProducer {
+    use rdkafka::producer::Producer;
+    let mut config = common::producer_config(bootstrap);
+    config
+        .set("transactional.id", txn_id)
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "60000")
+        .set("transaction.timeout.ms", "60000");
+    let producer: rdkafka::producer::BaseProducer = config.create().expect("transactional producer");
+    producer.init_transactions(TXN_CALL).expect("init_transactions");
+    producer
+}
+
+/// The consumer's assignment reset to the group's committed offsets (the
+/// start where none is committed yet): where the last committed
+/// transaction left the input.
+fn rewind(consumer: &rdkafka::consumer::BaseConsumer) {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::{Offset, TopicPartitionList};
+    let mut asked = TopicPartitionList::new();
+    for p in 0..EOS_PARTITIONS {
+        asked.add_partition(EOS_IN, p);
+    }
+    let committed = consumer.committed_offsets(asked, TXN_CALL).expect("committed offsets");
+    let mut from = TopicPartitionList::new();
+    for e in committed.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => Offset::Offset(o),
+            _ => Offset::Beginning,
+        };
+        from.add_partition_offset(EOS_IN, e.partition(), offset).unwrap();
+    }
+    consumer.assign(&from).expect("assign");
+}
+
+/// One transaction: `records` sent to the output (same partition, value
+/// prefixed `out-`) and the input positions after them committed in it.
+fn transform_once(
+    producer: &rdkafka::producer::BaseProducer,
+    consumer: &rdkafka::consumer::BaseConsumer,
+    records: &[(i32, i64, String)],
+) -> rdkafka::error::KafkaResult<()> {
+    use rdkafka::consumer::Consumer;
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    use rdkafka::producer::{BaseRecord, Producer};
+    use rdkafka::{Offset, TopicPartitionList};
+    producer.begin_transaction()?;
+    let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+    for (partition, offset, value) in records {
+        let out = format!("out-{value}");
+        let mut record = BaseRecord::<(), str>::to(EOS_OUT).partition(*partition).payload(&out);
+        loop {
+            match producer.send(record) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
+                    producer.poll(Duration::from_millis(10));
+                    record = r;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+        next.insert(*partition, offset + 1);
+    }
+    let mut positions = TopicPartitionList::new();
+    for (p, o) in &next {
+        positions.add_partition_offset(EOS_IN, *p, Offset::Offset(*o)).unwrap();
+    }
+    let metadata = consumer.group_metadata().expect("group metadata");
+    producer.send_offsets_to_transaction(&positions, &metadata, TXN_CALL)?;
+    // A retriable failure of the commit is retried (the commit may already
+    // be under way at the coordinator); any other goes to the caller.
+    let mut attempts = 0;
+    loop {
+        match producer.commit_transaction(TXN_CALL) {
+            Err(KafkaError::Transaction(e)) if e.is_retriable() && attempts < 10 => attempts += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Consume-transform-produce with a transactional producer and a
+/// read_committed consumer of group [`EOS_GROUP`], in transactions of up
+/// to 50 records, until `stop` and the input is consumed to its end. A
+/// failed transaction is aborted (or, if the producer is fenced or broken,
+/// a new producer fences it) and the input rewound to the committed
+/// offsets, as a Kafka Streams task does.
+fn transform_until(
+    bootstrap: String,
+    txn_id: String,
+    stop: Arc<AtomicBool>,
+    transformed: Arc<AtomicUsize>,
+) -> TransformStats {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::producer::Producer;
+    use rdkafka::Message;
+    let mut config = common::consumer_config(&bootstrap);
+    config.set("group.id", EOS_GROUP).set("isolation.level", "read_committed").set("enable.partition.eof", "false");
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    let mut producer = transactional_producer(&bootstrap, &txn_id);
+    let mut stats = TransformStats::default();
+    rewind(&consumer);
+    let mut idle_after_stop = 0;
+    loop {
+        let mut records = Vec::new();
+        let deadline = Instant::now() + Duration::from_millis(100);
+        while records.len() < 50 && Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(20)) {
+                Some(Ok(m)) => {
+                    let value = String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap();
+                    records.push((m.partition(), m.offset(), value));
+                }
+                Some(Err(e)) => eprintln!("transform: consumer error {e}"),
+                None => {}
+            }
+        }
+        if records.is_empty() {
+            if stop.load(Ordering::Relaxed) {
+                // Done once the committed offsets are the input's end.
+                idle_after_stop += 1;
+                let ends: Vec<i64> = (0..EOS_PARTITIONS)
+                    .map(|p| consumer.fetch_watermarks(EOS_IN, p, TXN_CALL).expect("watermarks").1)
+                    .collect();
+                let positions = consumer.position().expect("position");
+                let at_end = (0..EOS_PARTITIONS).all(|p| {
+                    positions
+                        .find_partition(EOS_IN, p)
+                        .is_some_and(|e| matches!(e.offset(), rdkafka::Offset::Offset(o) if o >= ends[p as usize]))
+                });
+                if at_end || idle_after_stop > 600 {
+                    return stats;
+                }
+            }
+            continue;
+        }
+        match transform_once(&producer, &consumer, &records) {
+            Ok(()) => {
+                stats.committed_transactions += 1;
+                transformed.fetch_add(records.len(), Ordering::Relaxed);
+            }
+            Err(e) => {
+                eprintln!("transform: transaction failed ({e}); aborting and rewinding");
+                let abortable = matches!(&e, KafkaError::Transaction(t) if !t.is_fatal());
+                let mut aborted = false;
+                if abortable {
+                    for _ in 0..10 {
+                        match producer.abort_transaction(TXN_CALL) {
+                            Ok(()) => {
+                                aborted = true;
+                                break;
+                            }
+                            Err(KafkaError::Transaction(t)) if t.is_retriable() => continue,
+                            Err(e) => {
+                                eprintln!("transform: abort failed ({e})");
+                                break;
+                            }
+                        }
+                    }
+                }
+                if aborted {
+                    stats.aborted_transactions += 1;
+                } else {
+                    // Fenced or broken: a new producer with the same id
+                    // fences this one and ends its open transaction.
+                    producer = transactional_producer(&bootstrap, &txn_id);
+                    stats.new_producers += 1;
+                }
+                rewind(&consumer);
+            }
+        }
+    }
+}
+
+/// Every value of `topic` (all partitions) as a read_committed consumer
+/// sees it, reading each partition to its end.
+fn read_committed_values(bootstrap: &str, topic: &str) -> Vec<String> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::error::KafkaError;
+    use rdkafka::types::RDKafkaErrorCode;
+    use rdkafka::{Message, Offset, TopicPartitionList};
+    let mut config = common::consumer_config(bootstrap);
+    config.set("isolation.level", "read_committed");
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..EOS_PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut values = Vec::new();
+    let mut at_end = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while at_end.len() < EOS_PARTITIONS as usize {
+        assert!(Instant::now() < deadline, "reading {topic} to its end");
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => values.push(String::from_utf8(m.payload().unwrap_or_default().to_vec()).unwrap()),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::PartitionEOF) => {}
+            Some(Err(e)) => eprintln!("read {topic}: {e}"),
+            None => {}
+        }
+    }
+    values
+}
+
+/// Goal: consume-transform-produce exactly once across kill -9, one after
+/// another, of the leader of an input partition, of an output partition
+/// and of the transactional id's `__transaction_state` partition, while an
+/// idempotent producer keeps writing the input: every input value appears
+/// exactly once in the read_committed output, and the group's committed
+/// offsets are the input's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_once_survives_kill_9_of_the_input_output_and_coordinator_leaders() {
+    let mut cluster = ChildCluster::start(3, &[], READY).await;
+    let bootstrap: String = (1..=3).map(|id| cluster.bootstrap(id)).collect::<Vec<_>>().join(",");
+    let admin: AdminClient<DefaultClientContext> = common::admin_config(&bootstrap).create().unwrap();
+    let topics: Vec<NewTopic> = [EOS_IN, EOS_OUT]
+        .iter()
+        .map(|t| NewTopic::new(t, EOS_PARTITIONS, TopicReplication::Fixed(3)).set("min.insync.replicas", "2"))
+        .collect();
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.create_topics(topics.iter(), &opts).await.unwrap() {
+        r.expect("created");
+    }
+    let txn_id = "eos-transform".to_string();
+    let txn_partition = strand::group::records::partition_for(&txn_id, 50);
+
+    // The input: an idempotent producer writing all the time.
+    let stop_input = Arc::new(AtomicBool::new(false));
+    let input = {
+        let (bootstrap, stop) = (bootstrap.clone(), stop_input.clone());
+        tokio::spawn(async move {
+            let mut config = common::producer_config(&bootstrap);
+            config.set("enable.idempotence", "true").set("message.timeout.ms", "120000");
+            let producer: FutureProducer = config.create().expect("producer");
+            let mut n = 0u64;
+            let mut failed = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let mut window = Vec::new();
+                for _ in 0..40 {
+                    let value = format!("in-{n:08}");
+                    let record = FutureRecord::<(), str>::to(EOS_IN).partition((n % 2) as i32).payload(&value);
+                    n += 1;
+                    window.push(producer.send_result(record).map_err(|(e, _)| e).expect("enqueue"));
+                }
+                for delivery in window {
+                    if delivery.await.expect("delivery").is_err() {
+                        failed += 1;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            failed
+        })
+    };
+    // The transform, on a thread of its own (librdkafka's calls block).
+    let stop_transform = Arc::new(AtomicBool::new(false));
+    let transformed = Arc::new(AtomicUsize::new(0));
+    let transform = {
+        let (bootstrap, txn_id, stop, transformed) =
+            (bootstrap.clone(), txn_id.clone(), stop_transform.clone(), transformed.clone());
+        std::thread::spawn(move || transform_until(bootstrap, txn_id, stop, transformed))
+    };
+    let count = || transformed.load(Ordering::Relaxed);
+    until("the transform under way", READY, || async { count() >= 200 }).await;
+
+    let mut victims = Vec::new();
+    for (topic, p) in [(EOS_IN, 0), (EOS_OUT, 1), ("__transaction_state", txn_partition)] {
+        let from = cluster.running()[0];
+        let leader = topic_partitions(&cluster, from, topic).await.unwrap()[&p].0;
+        victims.push((topic, leader));
+        let at_kill = count();
+        cluster.kill(leader);
+        until("transactions committed after the kill", Duration::from_secs(90), || async { count() > at_kill + 200 })
+            .await;
+        cluster.restart(&[leader]).await;
+        let survivor = cluster.running()[0];
+        for t in [EOS_IN, EOS_OUT, "__transaction_state"] {
+            until("the killed node back in every ISR", READY, || async {
+                topic_partitions(&cluster, survivor, t)
+                    .await
+                    .is_ok_and(|m| !m.is_empty() && m.values().all(|(l, isr)| *l > 0 && isr.len() == 3))
+            })
+            .await;
+        }
+    }
+    stop_input.store(true, Ordering::Relaxed);
+    let input_failed = input.await.expect("input producer");
+    stop_transform.store(true, Ordering::Relaxed);
+    let stats = tokio::task::spawn_blocking(move || transform.join().expect("transform thread")).await.unwrap();
+
+    let (inputs, outputs, committed) = tokio::task::spawn_blocking({
+        let bootstrap = bootstrap.clone();
+        move || {
+            use rdkafka::consumer::{BaseConsumer, Consumer};
+            let inputs = read_committed_values(&bootstrap, EOS_IN);
+            let outputs = read_committed_values(&bootstrap, EOS_OUT);
+            let mut config = common::consumer_config(&bootstrap);
+            config.set("group.id", EOS_GROUP).set("isolation.level", "read_committed");
+            let consumer: BaseConsumer = config.create().unwrap();
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            let mut ends = Vec::new();
+            for p in 0..EOS_PARTITIONS {
+                tpl.add_partition(EOS_IN, p);
+                ends.push(consumer.fetch_watermarks(EOS_IN, p, TXN_CALL).unwrap().1);
+            }
+            let committed = consumer.committed_offsets(tpl, TXN_CALL).unwrap();
+            let committed: Vec<(i64, i64)> = committed
+                .elements()
+                .iter()
+                .map(|e| (e.offset().to_raw().unwrap_or(-1), ends[e.partition() as usize]))
+                .collect();
+            (inputs, outputs, committed)
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "replication figures: exactly once through kill -9 of the leaders of {victims:?}: {} inputs \
+         ({input_failed} input writes failed), {} outputs, {stats:?}",
+        inputs.len(),
+        outputs.len()
+    );
+    let mut seen = std::collections::BTreeMap::new();
+    for v in &outputs {
+        *seen.entry(v.clone()).or_insert(0) += 1;
+    }
+    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).take(5).collect();
+    assert!(twice.is_empty(), "values in the output more than once: {twice:?}");
+    let missing: Vec<_> = inputs.iter().filter(|v| !seen.contains_key(&format!("out-{v}"))).take(5).collect();
+    assert!(missing.is_empty(), "inputs missing from the output: {missing:?}");
+    assert_eq!(outputs.len(), inputs.len(), "an output without an input");
+    for (offset, end) in committed {
+        assert_eq!(offset, end, "the group's committed offset is the input's end");
+    }
+    assert!(stats.committed_transactions > 0);
 }
