@@ -171,7 +171,9 @@ async fn everything_acknowledged_is_kept(cluster: &ChildCluster, acked: &BTreeMa
 /// record, duplicates none, keeps order, and leaves identical replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_9_of_every_leader_loses_nothing_acknowledged() {
-    let mut cluster = cluster_with_topic(&[]).await;
+    // Preferred leaders return within seconds, so the controller leads a
+    // partition again by the time it is killed.
+    let mut cluster = cluster_with_topic(&["leader.imbalance.check.interval.seconds=1"]).await;
     let bootstrap = cluster.bootstrap(1);
     let acked: Acked = Default::default();
     let stop = Arc::new(AtomicBool::new(false));
@@ -202,10 +204,26 @@ async fn kill_9_of_every_leader_loses_nothing_acknowledged() {
         })
         .await;
     }
-    // The active controller.
+    // The active controller, leading a partition too: both at once.
     let controller = cluster.wait_ready(READY).await;
+    let from = cluster.running().into_iter().find(|id| *id != controller).unwrap();
+    until("the controller leading a partition", READY, || async {
+        partitions(&cluster, from).await.is_ok_and(|m| m.values().any(|(l, isr)| *l == controller && isr.len() == 3))
+    })
+    .await;
+    let led: Vec<i32> = partitions(&cluster, from)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(_, (l, _))| *l == controller)
+        .map(|(p, _)| p)
+        .collect();
     let at_kill = count();
     cluster.kill(controller);
+    until("new leaders for the controller's partitions", READY, || async {
+        partitions(&cluster, from).await.is_ok_and(|m| led.iter().all(|p| m[p].0 > 0 && m[p].0 != controller))
+    })
+    .await;
     until("writes acknowledged after the controller's kill", READY, || async { count() > at_kill + 300 }).await;
     cluster.restart(&[controller]).await;
     cluster.wait_ready(READY).await;
@@ -213,7 +231,8 @@ async fn kill_9_of_every_leader_loses_nothing_acknowledged() {
     let failed = producer.await.expect("producer task");
     let acked = acked.lock().unwrap().clone();
     eprintln!(
-        "replication figures: {} acknowledged, {failed} not, kill -9 of leaders {victims:?} to the next acknowledgement: {:?}",
+        "replication figures: {} acknowledged, {failed} not, kill -9 of leaders {victims:?} to the next acknowledgement: {:?}, \
+         then of the controller {controller} leading partitions {led:?}",
         acked.len(),
         failovers
     );
