@@ -837,6 +837,82 @@ async fn a_commit_completes_once_a_stopped_partition_leader_returns() {
     cluster.shutdown().await;
 }
 
+/// A new producer fencing an open transaction (InitProducerId with the
+/// same transactional id) while a broker leading one of its partitions is
+/// stopped: the old transaction stays PrepareEpochFence (its abort marker
+/// cannot be written), the new producer's init keeps being told to retry,
+/// and once the broker is back the abort completes, the init returns and
+/// the new producer's transaction is readable on every partition (the old
+/// one no longer holds any last stable offset back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_an_open_transaction_waits_for_its_abort_markers() {
+    use rdkafka::producer::Producer;
+    let mut cluster = TestCluster::start(3, &["transaction.abort.timed.out.transaction.cleanup.interval.ms=200"]).await;
+    cluster.wait_ready(READY).await;
+    create_topic(&cluster.bootstrap(1), "fenced", 3, 1).await.unwrap();
+    let call = Duration::from_secs(30);
+    let transactional = |bootstrap: &str| -> FutureProducer {
+        let mut c = producer_config(bootstrap);
+        c.set("transactional.id", "fence-txn").set("enable.idempotence", "true");
+        c.create().unwrap()
+    };
+    let old = transactional(&cluster.bootstrap(1));
+    tokio::task::block_in_place(|| old.init_transactions(call)).expect("init_transactions");
+    let mut conn = RawConn::connect(cluster.addr(1)).await;
+    let found = conn
+        .call(
+            &FindCoordinatorRequest::default()
+                .with_key(kafka_protocol::protocol::StrBytes::from_static_str("fence-txn"))
+                .with_key_type(1),
+            3,
+        )
+        .await;
+    assert_eq!(found.error_code, 0);
+    let coordinator = found.node_id.0;
+    let active = cluster.active_controller().expect("an active controller");
+    let stopped = [1, 2, 3].into_iter().find(|b| *b != coordinator && *b != active).unwrap();
+    println!("coordinator {coordinator}, active controller {active}, stopping broker {stopped}");
+    old.begin_transaction().unwrap();
+    for p in 0..3 {
+        let value = format!("old-{p}");
+        old.send(FutureRecord::to("fenced").partition(p).key("k").payload(&value), call).await.expect("acked");
+    }
+    cluster.stop(stopped).await;
+
+    // Bootstrapped from a broker that stays up.
+    let new = transactional(&cluster.bootstrap(coordinator));
+    let initialising = new.clone();
+    let init = tokio::task::spawn_blocking(move || initialising.init_transactions(Duration::from_secs(120)));
+    wait_for("the old transaction being fenced", Duration::from_secs(20), Duration::from_millis(100), || {
+        let cluster = &cluster;
+        async move { (transaction_state(cluster, coordinator, "fence-txn").await == "PrepareEpochFence").then_some(()) }
+    })
+    .await;
+    // Past the coordinator's 10 s marker deadline, still fencing.
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    assert_eq!(transaction_state(&cluster, coordinator, "fence-txn").await, "PrepareEpochFence");
+    assert!(!init.is_finished(), "init_transactions returned while the old transaction's marker was unwritten");
+
+    cluster.restart(stopped).await;
+    tokio::time::timeout(Duration::from_secs(60), init)
+        .await
+        .expect("init returns once the broker is back")
+        .unwrap()
+        .expect("init_transactions");
+    new.begin_transaction().unwrap();
+    for p in 0..3 {
+        let value = format!("new-{p}");
+        new.send(FutureRecord::to("fenced").partition(p).key("k").payload(&value), call).await.expect("acked");
+    }
+    tokio::task::block_in_place(|| new.commit_transaction(call)).expect("commit");
+    let committed = read_isolated(&cluster.bootstrap(2), "fenced", 3, 3, true);
+    for p in 0..3 {
+        assert_eq!(committed[&p], vec![format!("new-{p}")], "read_committed, partition {p}");
+    }
+    drop((old, new));
+    cluster.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_deleted_topic_recreated_under_its_name_starts_empty_on_every_broker() {
     let cluster = TestCluster::start(3, &[]).await;

@@ -345,8 +345,14 @@ impl Shard {
             if let Err(e) = self.transition(id, meta.clone()).await {
                 return (e, -1, -1);
             }
-            self.complete(id, false).await;
-            meta = self.txns[id].clone();
+            // As Kafka: the abort markers are written in the background and
+            // the producer retries until the old transaction is complete,
+            // so the shard never waits on a partition without a leader (and
+            // a transaction whose marker cannot be written stays prepared,
+            // to be completed once its partitions are led again, never left
+            // open with its last stable offset stuck).
+            self.start_completion(id, false, None);
+            return (code(ResponseError::ConcurrentTransactions), -1, -1);
         }
         // The new incarnation gets a fresh epoch; a new producer id when epochs run out.
         if meta.epoch >= i16::MAX - 2 {
@@ -544,22 +550,6 @@ impl Shard {
         self.transition(&marked.id, done).await.map_err(|_| ())?;
         self.open.close(pid, epoch);
         Ok(())
-    }
-
-    /// Second phase written inline, for InitProducerId fencing an open
-    /// transaction: the new epoch is handed out only once the old one's
-    /// abort markers are written.
-    async fn complete(&mut self, id: &str, commit: bool) {
-        let Some(meta) = self.txns.get(id) else { return };
-        let partitions: Vec<(String, i32)> = meta.partitions.iter().cloned().collect();
-        let (producer_id, epoch) = (meta.producer_id, meta.epoch);
-        let coordinator_epoch = self.coordinator_epoch();
-        let marked = self.markers.write_all(&partitions, producer_id, epoch, commit, coordinator_epoch).await;
-        log_unmarked(id, &marked);
-        let marked = Marked { id: id.to_string(), producer_id, epoch, commit, written: marked.is_ok() };
-        if marked.written {
-            let _ = self.mark_complete(&marked).await;
-        }
     }
 
     /// Completes transactions left in Prepare* because a marker could not be
