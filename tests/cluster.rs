@@ -765,6 +765,27 @@ async fn transaction_state(cluster: &TestCluster, broker: i32, id: &str) -> Stri
     t.transaction_state.to_string()
 }
 
+/// The coordinator of transactional id `txn`, and a broker to stop that is
+/// neither it (its shard must keep running) nor the active controller (no
+/// failover in these tests).
+async fn coordinator_and_another(cluster: &TestCluster, txn: &str) -> (i32, i32) {
+    let mut conn = RawConn::connect(cluster.addr(1)).await;
+    let found = conn
+        .call(
+            &FindCoordinatorRequest::default()
+                .with_key(kafka_protocol::protocol::StrBytes::from_string(txn.to_string()))
+                .with_key_type(1),
+            3,
+        )
+        .await;
+    assert_eq!(found.error_code, 0);
+    let coordinator = found.node_id.0;
+    let active = cluster.active_controller().expect("an active controller");
+    let stopped = [1, 2, 3].into_iter().find(|b| *b != coordinator && *b != active).unwrap();
+    println!("coordinator {coordinator}, active controller {active}, stopping broker {stopped}");
+    (coordinator, stopped)
+}
+
 /// A commit whose markers cannot all be written (the broker leading one of
 /// its partitions is stopped) is not reported done: the transaction stays
 /// PrepareCommit, the producer's commit keeps waiting, and once the broker is
@@ -782,22 +803,7 @@ async fn a_commit_completes_once_a_stopped_partition_leader_returns() {
         c.create().unwrap()
     };
     tokio::task::block_in_place(|| producer.init_transactions(call)).expect("init_transactions");
-    let mut conn = RawConn::connect(cluster.addr(1)).await;
-    let found = conn
-        .call(
-            &FindCoordinatorRequest::default()
-                .with_key(kafka_protocol::protocol::StrBytes::from_static_str("held-txn"))
-                .with_key_type(1),
-            3,
-        )
-        .await;
-    assert_eq!(found.error_code, 0);
-    let coordinator = found.node_id.0;
-    let active = cluster.active_controller().expect("an active controller");
-    // Not the coordinator (its shard must keep running), nor the controller
-    // (no failover in this test).
-    let stopped = [1, 2, 3].into_iter().find(|b| *b != coordinator && *b != active).unwrap();
-    println!("coordinator {coordinator}, active controller {active}, stopping broker {stopped}");
+    let (coordinator, stopped) = coordinator_and_another(&cluster, "held-txn").await;
 
     producer.begin_transaction().unwrap();
     for p in 0..3 {
@@ -858,20 +864,7 @@ async fn fencing_an_open_transaction_waits_for_its_abort_markers() {
     };
     let old = transactional(&cluster.bootstrap(1));
     tokio::task::block_in_place(|| old.init_transactions(call)).expect("init_transactions");
-    let mut conn = RawConn::connect(cluster.addr(1)).await;
-    let found = conn
-        .call(
-            &FindCoordinatorRequest::default()
-                .with_key(kafka_protocol::protocol::StrBytes::from_static_str("fence-txn"))
-                .with_key_type(1),
-            3,
-        )
-        .await;
-    assert_eq!(found.error_code, 0);
-    let coordinator = found.node_id.0;
-    let active = cluster.active_controller().expect("an active controller");
-    let stopped = [1, 2, 3].into_iter().find(|b| *b != coordinator && *b != active).unwrap();
-    println!("coordinator {coordinator}, active controller {active}, stopping broker {stopped}");
+    let (coordinator, stopped) = coordinator_and_another(&cluster, "fence-txn").await;
     old.begin_transaction().unwrap();
     for p in 0..3 {
         let value = format!("old-{p}");
