@@ -591,6 +591,67 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
     cluster.shutdown().await;
 }
 
+/// Goal: with the topic's `unclean.leader.election.enable=true`, a partition
+/// whose only ISR member is gone gets the first live replica as leader by
+/// itself (no ElectLeaders call), RECOVERING (KIP-704) until the old leader
+/// is back in its ISR; the records only the old leader held are lost, as
+/// the operator chose, and the logs end identical.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unclean_leader_election_enable_elects_a_live_replica_by_itself() {
+    let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
+    cluster.wait_ready(READY).await;
+    let bootstrap = cluster.bootstrap(3);
+    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
+    let topic = NewTopic::new("auto-unclean", 1, TopicReplication::Variable(&[&[1, 2]]))
+        .set("min.insync.replicas", "1")
+        .set("unclean.leader.election.enable", "true");
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
+    for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
+        r.expect("topic created");
+    }
+    wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "auto-unclean");
+        async move { (md.get(&0) == Some(&(1, vec![1, 2], vec![1, 2]))).then_some(()) }
+    })
+    .await;
+    cluster.stop(2).await;
+    wait_for("broker 2 out of the ISR", READY, Duration::from_millis(50), || {
+        let md = partition_metadata(&bootstrap, "auto-unclean");
+        async move { (md[&0].2 == vec![1]).then_some(()) }
+    })
+    .await;
+    let lost: Vec<String> = (0..10).map(|i| format!("old-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "auto-unclean", 0, &lost).await, (0..10).collect::<Vec<i64>>());
+    cluster.stop(1).await;
+    cluster.restart(2).await;
+    let recovery = |cluster: &TestCluster| {
+        let image = cluster.state(3).cluster().unwrap().image();
+        image.partition("auto-unclean", 0).map(|p| (p.leader, p.isr.clone(), p.leader_recovery_state))
+    };
+    wait_for("broker 2 leading by itself, recovering", READY, Duration::from_millis(50), || {
+        let now = recovery(&cluster);
+        async move { (now == Some((2, vec![2], LeaderRecoveryState::Recovering))).then_some(()) }
+    })
+    .await;
+    let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
+    assert_eq!(send_all(&producer(&bootstrap), "auto-unclean", 0, &kept).await, (0..5).collect::<Vec<i64>>());
+    cluster.restart(1).await;
+    wait_for("broker 1 back in the ISR, the leader recovered", READY, Duration::from_millis(50), || {
+        let now = recovery(&cluster);
+        async move { matches!(now, Some((2, isr, LeaderRecoveryState::Recovered)) if isr.len() == 2).then_some(()) }
+    })
+    .await;
+    let read = read_partition(&bootstrap, "auto-unclean", 0, 5);
+    assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
+    let end = cluster.state(2).replicas.partition("auto-unclean", 0).unwrap().high_watermark();
+    assert_eq!(end, 5);
+    assert!(
+        log_bytes(&cluster, 1, "auto-unclean", 0, end) == log_bytes(&cluster, 2, "auto-unclean", 0, end),
+        "logs differ"
+    );
+    cluster.shutdown().await;
+}
+
 /// An AlterPartitionReassignments request (v1, as Kafka 4.1's admin client
 /// sends it) to broker `id`: each partition's target, or `None` to cancel.
 async fn reassign(
