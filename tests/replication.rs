@@ -514,38 +514,76 @@ async fn preferred_leaders_return_by_themselves() {
     cluster.shutdown().await;
 }
 
-/// Goal: a partition whose only ISR member is gone gets a leader only when
-/// asked (ElectLeaders UNCLEAN): the first live replica, alone in the ISR,
-/// which takes writes at once; the old leader, back, cuts its divergent
-/// tail where the new leader's epochs say, catches up and rejoins, its log
-/// byte-identical to the new leader's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
+/// A three-node cluster and topic `name` on replicas [1, 2] with
+/// min.insync.replicas 1 and `configs`, where broker 2 stopped, broker 1
+/// alone in the ISR took ten records and stopped too, and broker 2 was
+/// restarted: the last ISR member is gone. Returns the cluster and a
+/// bootstrap (broker 3).
+async fn last_isr_member_gone(name: &str, configs: &[(&str, &str)]) -> (TestCluster, String) {
     let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
     cluster.wait_ready(READY).await;
     let bootstrap = cluster.bootstrap(3);
     let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
-    let topic = NewTopic::new("unclean", 1, TopicReplication::Variable(&[&[1, 2]])).set("min.insync.replicas", "1");
+    let mut topic = NewTopic::new(name, 1, TopicReplication::Variable(&[&[1, 2]])).set("min.insync.replicas", "1");
+    for (k, v) in configs {
+        topic = topic.set(k, v);
+    }
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
     for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
         r.expect("topic created");
     }
     wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
-        let md = partition_metadata(&bootstrap, "unclean");
+        let md = partition_metadata(&bootstrap, name);
         async move { (md.get(&0) == Some(&(1, vec![1, 2], vec![1, 2]))).then_some(()) }
     })
     .await;
-    // Broker 2 stops; broker 1, alone in the ISR, takes ten records; then it stops too.
     cluster.stop(2).await;
     wait_for("broker 2 out of the ISR", READY, Duration::from_millis(50), || {
-        let md = partition_metadata(&bootstrap, "unclean");
+        let md = partition_metadata(&bootstrap, name);
         async move { (md[&0].2 == vec![1]).then_some(()) }
     })
     .await;
     let lost: Vec<String> = (0..10).map(|i| format!("old-{i}")).collect();
-    assert_eq!(send_all(&producer(&bootstrap), "unclean", 0, &lost).await, (0..10).collect::<Vec<i64>>());
+    assert_eq!(send_all(&producer(&bootstrap), name, 0, &lost).await, (0..10).collect::<Vec<i64>>());
     cluster.stop(1).await;
     cluster.restart(2).await;
+    (cluster, bootstrap)
+}
+
+/// (leader, ISR, leader recovery state) of partition 0 of `name` in broker
+/// 3's metadata image.
+fn recovery(cluster: &TestCluster, name: &str) -> Option<(i32, Vec<i32>, LeaderRecoveryState)> {
+    let image = cluster.state(3).cluster().unwrap().image();
+    image.partition(name, 0).map(|p| (p.leader, p.isr.clone(), p.leader_recovery_state))
+}
+
+/// After an unclean election of broker 2: it takes five records; broker 1
+/// returns, cuts its ten divergent records, rejoins the ISR (the leader
+/// RECOVERED by that change), and the two logs are byte-identical.
+async fn new_leader_takes_writes_and_old_rejoins(cluster: &mut TestCluster, bootstrap: &str, name: &str) {
+    let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
+    assert_eq!(send_all(&producer(bootstrap), name, 0, &kept).await, (0..5).collect::<Vec<i64>>());
+    cluster.restart(1).await;
+    wait_for("broker 1 back in the ISR, the leader recovered", READY, Duration::from_millis(50), || {
+        let now = recovery(cluster, name);
+        async move { matches!(now, Some((2, isr, LeaderRecoveryState::Recovered)) if isr.len() == 2).then_some(()) }
+    })
+    .await;
+    let read = read_partition(bootstrap, name, 0, 5);
+    assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
+    let end = cluster.state(2).replicas.partition(name, 0).unwrap().high_watermark();
+    assert_eq!(end, 5);
+    assert!(log_bytes(cluster, 1, name, 0, end) == log_bytes(cluster, 2, name, 0, end), "logs differ");
+}
+
+/// Goal: a partition whose only ISR member is gone gets a leader only when
+/// asked (ElectLeaders UNCLEAN): the first live replica, alone in the ISR
+/// and RECOVERING (KIP-704), which takes writes at once; the old leader,
+/// back, cuts its divergent tail where the new leader's epochs say, catches
+/// up and rejoins, its log byte-identical to the new leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
+    let (mut cluster, bootstrap) = last_isr_member_gone("unclean", &[]).await;
     wait_for("the partition without a leader, broker 2 up", READY, Duration::from_millis(50), || {
         let md = partition_metadata(&bootstrap, "unclean");
         let up = cluster.state(3).cluster().unwrap().image().brokers.get(&2).is_some_and(|b| b.is_active());
@@ -566,28 +604,8 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
         async move { (md[&0].0 == 2 && md[&0].2 == vec![2]).then_some(()) }
     })
     .await;
-    // KIP-704: the unclean leader is recovering until its first ISR change.
-    let recovery = |cluster: &TestCluster| {
-        let image = cluster.state(3).cluster().unwrap().image();
-        image.partition("unclean", 0).unwrap().leader_recovery_state
-    };
-    assert_eq!(recovery(&cluster), LeaderRecoveryState::Recovering);
-    let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
-    assert_eq!(send_all(&producer(&bootstrap), "unclean", 0, &kept).await, (0..5).collect::<Vec<i64>>());
-
-    // Broker 1 returns: its ten records are not the log any more.
-    cluster.restart(1).await;
-    wait_for("broker 1 back in the ISR", READY, Duration::from_millis(50), || {
-        let md = partition_metadata(&bootstrap, "unclean");
-        async move { (md[&0].0 == 2 && md[&0].2.len() == 2).then_some(()) }
-    })
-    .await;
-    assert_eq!(recovery(&cluster), LeaderRecoveryState::Recovered, "the ISR change that took broker 1 back");
-    let read = read_partition(&bootstrap, "unclean", 0, 5);
-    assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
-    let end = cluster.state(2).replicas.partition("unclean", 0).unwrap().high_watermark();
-    assert_eq!(end, 5);
-    assert!(log_bytes(&cluster, 1, "unclean", 0, end) == log_bytes(&cluster, 2, "unclean", 0, end), "logs differ");
+    assert_eq!(recovery(&cluster, "unclean"), Some((2, vec![2], LeaderRecoveryState::Recovering)));
+    new_leader_takes_writes_and_old_rejoins(&mut cluster, &bootstrap, "unclean").await;
     cluster.shutdown().await;
 }
 
@@ -598,57 +616,14 @@ async fn an_unclean_election_gives_a_leaderless_partition_a_live_replica() {
 /// the operator chose, and the logs end identical.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unclean_leader_election_enable_elects_a_live_replica_by_itself() {
-    let mut cluster = TestCluster::start(3, &["auto.leader.rebalance.enable=false"]).await;
-    cluster.wait_ready(READY).await;
-    let bootstrap = cluster.bootstrap(3);
-    let admin: AdminClient<DefaultClientContext> = admin_config(&bootstrap).create().unwrap();
-    let topic = NewTopic::new("auto-unclean", 1, TopicReplication::Variable(&[&[1, 2]]))
-        .set("min.insync.replicas", "1")
-        .set("unclean.leader.election.enable", "true");
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    for r in admin.create_topics([&topic], &opts).await.expect("create_topics") {
-        r.expect("topic created");
-    }
-    wait_for("the ISR to be both replicas", READY, Duration::from_millis(50), || {
-        let md = partition_metadata(&bootstrap, "auto-unclean");
-        async move { (md.get(&0) == Some(&(1, vec![1, 2], vec![1, 2]))).then_some(()) }
-    })
-    .await;
-    cluster.stop(2).await;
-    wait_for("broker 2 out of the ISR", READY, Duration::from_millis(50), || {
-        let md = partition_metadata(&bootstrap, "auto-unclean");
-        async move { (md[&0].2 == vec![1]).then_some(()) }
-    })
-    .await;
-    let lost: Vec<String> = (0..10).map(|i| format!("old-{i}")).collect();
-    assert_eq!(send_all(&producer(&bootstrap), "auto-unclean", 0, &lost).await, (0..10).collect::<Vec<i64>>());
-    cluster.stop(1).await;
-    cluster.restart(2).await;
-    let recovery = |cluster: &TestCluster| {
-        let image = cluster.state(3).cluster().unwrap().image();
-        image.partition("auto-unclean", 0).map(|p| (p.leader, p.isr.clone(), p.leader_recovery_state))
-    };
+    let configs = [("unclean.leader.election.enable", "true")];
+    let (mut cluster, bootstrap) = last_isr_member_gone("auto-unclean", &configs).await;
     wait_for("broker 2 leading by itself, recovering", READY, Duration::from_millis(50), || {
-        let now = recovery(&cluster);
+        let now = recovery(&cluster, "auto-unclean");
         async move { (now == Some((2, vec![2], LeaderRecoveryState::Recovering))).then_some(()) }
     })
     .await;
-    let kept: Vec<String> = (0..5).map(|i| format!("new-{i}")).collect();
-    assert_eq!(send_all(&producer(&bootstrap), "auto-unclean", 0, &kept).await, (0..5).collect::<Vec<i64>>());
-    cluster.restart(1).await;
-    wait_for("broker 1 back in the ISR, the leader recovered", READY, Duration::from_millis(50), || {
-        let now = recovery(&cluster);
-        async move { matches!(now, Some((2, isr, LeaderRecoveryState::Recovered)) if isr.len() == 2).then_some(()) }
-    })
-    .await;
-    let read = read_partition(&bootstrap, "auto-unclean", 0, 5);
-    assert_eq!(read, kept.iter().enumerate().map(|(i, v)| (i as i64, v.clone())).collect::<Vec<_>>());
-    let end = cluster.state(2).replicas.partition("auto-unclean", 0).unwrap().high_watermark();
-    assert_eq!(end, 5);
-    assert!(
-        log_bytes(&cluster, 1, "auto-unclean", 0, end) == log_bytes(&cluster, 2, "auto-unclean", 0, end),
-        "logs differ"
-    );
+    new_leader_takes_writes_and_old_rejoins(&mut cluster, &bootstrap, "auto-unclean").await;
     cluster.shutdown().await;
 }
 
