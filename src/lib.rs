@@ -15,6 +15,8 @@
 //! - [`metadata`]: the persisted topic registry and cluster identity.
 //! - [`config`] and [`topic_config`]: `server.properties` and per-topic settings.
 //! - [`shard`]: the shard handle and fan-out both coordinators use.
+//! - [`verify`]: histories of what clients saw and the anomaly checker
+//!   the fault-injection tests and `strand verify` run.
 //! - [`broker`]: [`Broker::start`] wires it together and returns a [`BrokerHandle`];
 //!   a controller-only node is a [`ControllerNode`] instead.
 
@@ -34,6 +36,7 @@ pub mod shard;
 pub mod topic_config;
 pub mod txn;
 pub mod util;
+pub mod verify;
 
 pub use broker::{Broker, BrokerHandle, StartError};
 pub use config::BrokerConfig;

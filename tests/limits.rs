@@ -64,15 +64,18 @@ async fn idle_connections_are_closed_even_when_a_request_trickles_in() {
     let deadline = Duration::from_secs(5);
 
     // A 1000-byte request whose bytes arrive one every 50 ms (it would take 50 s).
-    let mut trickle = RawConn::connect(broker.addr()).await;
+    // The clock starts before connecting: the broker may accept and start its
+    // idle timer before this task resumes from the connect.
     let started = Instant::now();
+    let mut trickle = RawConn::connect(broker.addr()).await;
     trickle.stream.write_all(&1000i32.to_be_bytes()).await.unwrap();
     let took = closed_after(&mut trickle, started, Some(Duration::from_millis(50)), deadline).await;
     assert!(took >= idle, "closed after {took:?}, before connections.max.idle.ms");
 
     // A connection that never sends anything.
+    let started = Instant::now();
     let mut silent = RawConn::connect(broker.addr()).await;
-    let took = closed_after(&mut silent, Instant::now(), None, deadline).await;
+    let took = closed_after(&mut silent, started, None, deadline).await;
     assert!(took >= idle, "closed after {took:?}, before connections.max.idle.ms");
 
     // A connection with a request every 100 ms stays open well past 300 ms.

@@ -174,11 +174,25 @@ impl ChildBroker {
         child.wait().expect("reap");
     }
 
-    /// SIGTERM: a clean shutdown; the broker must exit 0.
-    pub fn stop(&mut self) {
+    /// SIGSTOP: frozen, sockets open, nothing answered, until [`Self::resume`].
+    pub fn pause(&mut self) {
+        self.signal(libc::SIGSTOP, "SIGSTOP");
+    }
+
+    /// SIGCONT to a paused broker.
+    pub fn resume(&mut self) {
+        self.signal(libc::SIGCONT, "SIGCONT");
+    }
+
+    fn signal(&self, signal: libc::c_int, name: &str) {
         let pid = self.child.as_ref().expect("running").id() as libc::pid_t;
         // SAFETY: plain kill(2) on our own child's pid.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM");
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "{name}");
+    }
+
+    /// SIGTERM: a clean shutdown; the broker must exit 0.
+    pub fn stop(&mut self) {
+        self.signal(libc::SIGTERM, "SIGTERM");
         let status = self.wait_exit(Duration::from_secs(60));
         assert!(status.success(), "clean shutdown exit status {status}; stderr:\n{}", self.stderr());
         assert!(self.stderr().contains("strand stopped"), "stderr:\n{}", self.stderr());

@@ -1,0 +1,526 @@
+//! Seeded fault injection against a live single-node broker (the real
+//! binary), with real clients (librdkafka) recording a history that the
+//! checker (`strand::verify`) reads for Jepsen's Kafka anomalies.
+//!
+//! A schedule of faults comes from one printed seed: SIGKILL and restart,
+//! SIGSTOP/SIGCONT, SIGTERM bounce, and a torn write (kill, then a partial
+//! batch, as a write cut by the crash leaves it, at the end of a partition's
+//! active segment, then restart). While it runs, producers write unique
+//! values and consumers poll; afterwards a final read takes every partition
+//! to its end. The history is kept at
+//! `target/tmp/faults/<workload>-<seed>.jsonl` and the anomaly table printed.
+//!
+//! Workloads: `acks_all` (acks=all producers without idempotence or
+//! retries, an assign-mode read_uncommitted consumer), `idempotent` (the same
+//! with idempotent producers, retrying), `transactions` (transactional
+//! producers writing every partition per transaction, committing or
+//! aborting, read_committed and read_uncommitted consumers, and the last
+//! stable offset watched against the transaction timeout).
+//!
+//! Longer runs by command: `STRAND_FAULTS_SEED=N` replays a schedule,
+//! `STRAND_FAULTS_SECONDS=N` sets its length (20 by default),
+//! `STRAND_FAULTS=kill,pause,bounce,torn` chooses the faults.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::{Read as _, Seek, SeekFrom, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::child::ChildBroker;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use strand::verify::{check, CheckOptions, History, Isolation, Mode, Op, OpKind, Outcome, Read};
+
+const TOPIC: &str = "faults";
+const PARTITIONS: i32 = 3;
+/// The transactional producers' transaction.timeout.ms.
+const TXN_TIMEOUT_MS: u64 = 10_000;
+
+/// Every operation, timed from the start of the run.
+struct Recorder {
+    t0: Instant,
+    ops: Mutex<Vec<Op>>,
+}
+
+impl Recorder {
+    fn new() -> Arc<Recorder> {
+        Arc::new(Recorder { t0: Instant::now(), ops: Mutex::new(Vec::new()) })
+    }
+
+    fn ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn record(&self, process: u32, start_ms: u64, kind: OpKind) {
+        let op = Op { process, start_ms, end_ms: self.ms(), kind };
+        self.ops.lock().unwrap().push(op);
+    }
+
+    fn history(&self) -> History {
+        History { ops: self.ops.lock().unwrap().clone() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, then start again.
+    Kill,
+    /// SIGSTOP for this many milliseconds, then SIGCONT.
+    Pause(u64),
+    /// SIGTERM (a clean shutdown), then start again.
+    Bounce,
+    /// SIGKILL, a partial batch appended to a partition's active segment,
+    /// then start again: recovery must cut it and lose nothing acknowledged.
+    TornTail(i32),
+}
+
+/// The faults chosen by `STRAND_FAULTS` (all by default).
+fn enabled_faults() -> Vec<&'static str> {
+    let all = ["kill", "pause", "bounce", "torn"];
+    match std::env::var("STRAND_FAULTS") {
+        Ok(list) => all.into_iter().filter(|f| list.split(',').any(|x| x.trim() == *f)).collect(),
+        Err(_) => all.to_vec(),
+    }
+}
+
+/// One fault every 1.5 to 4 s over `duration`, from `rng`.
+fn schedule(rng: &mut common::Rng, duration: Duration) -> Vec<(Duration, Fault)> {
+    let faults = enabled_faults();
+    assert!(!faults.is_empty(), "STRAND_FAULTS names none of kill, pause, bounce, torn");
+    let mut at = Duration::from_millis(1000);
+    let mut out = Vec::new();
+    loop {
+        at += Duration::from_millis(1500 + rng.below(2500));
+        if at >= duration {
+            return out;
+        }
+        let fault = match faults[rng.below(faults.len() as u64) as usize] {
+            "kill" => Fault::Kill,
+            "pause" => Fault::Pause(200 + rng.below(2000)),
+            "bounce" => Fault::Bounce,
+            _ => Fault::TornTail(rng.below(PARTITIONS as u64) as i32),
+        };
+        out.push((at, fault));
+    }
+}
+
+/// Runs `schedule` against `broker` (on this thread: starting a broker
+/// blocks), leaving it running.
+fn inject(broker: &mut ChildBroker, schedule: &[(Duration, Fault)], t0: Instant, rng: &mut common::Rng) {
+    for (at, fault) in schedule {
+        // The schedule's own clock: faults land at their planned times.
+        if let Some(wait) = at.checked_sub(t0.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        println!("{:>6} ms  {fault:?}", t0.elapsed().as_millis());
+        match *fault {
+            Fault::Kill => {
+                broker.kill();
+                broker.start();
+            }
+            Fault::Pause(ms) => {
+                broker.pause();
+                std::thread::sleep(Duration::from_millis(ms));
+                broker.resume();
+            }
+            Fault::Bounce => {
+                broker.stop();
+                broker.start();
+            }
+            Fault::TornTail(partition) => {
+                broker.kill();
+                let appended = append_partial_batch(&broker.partition_dir(TOPIC, partition), rng);
+                println!("         {appended}");
+                broker.start();
+            }
+        }
+    }
+}
+
+/// Appends the first bytes of the segment's last batch (a batch the crash
+/// cut short, as far as recovery can tell) to the active segment of `dir`.
+fn append_partial_batch(dir: &Path, rng: &mut common::Rng) -> String {
+    let mut segments: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    segments.sort();
+    let Some(active) = segments.pop() else { return format!("no segment in {}", dir.display()) };
+    let mut file = OpenOptions::new().read(true).write(true).open(&active).unwrap();
+    let size = file.metadata().unwrap().len();
+    // Walk the batch headers (base offset, length) to the last batch.
+    let (mut pos, mut last) = (0u64, None);
+    while pos + 12 <= size {
+        let mut header = [0u8; 12];
+        file.seek(SeekFrom::Start(pos)).unwrap();
+        file.read_exact(&mut header).unwrap();
+        let length = i32::from_be_bytes(header[8..12].try_into().unwrap());
+        if length <= 0 || pos + 12 + length as u64 > size {
+            break;
+        }
+        last = Some((pos, 12 + length as u64));
+        pos += 12 + length as u64;
+    }
+    let Some((at, len)) = last else { return format!("{} holds no batch", active.display()) };
+    let cut = 1 + rng.below(len - 1);
+    let mut partial = vec![0u8; cut as usize];
+    file.seek(SeekFrom::Start(at)).unwrap();
+    file.read_exact(&mut partial).unwrap();
+    file.seek(SeekFrom::Start(pos)).unwrap();
+    file.write_all(&partial).unwrap();
+    format!("appended {cut} of {len} bytes of a batch to {} at {pos}", active.display())
+}
+
+fn producer_config(bootstrap: &str, idempotent: bool) -> ClientConfig {
+    let mut c = common::base_config(bootstrap);
+    c.set("acks", "all")
+        .set("linger.ms", "5")
+        .set("message.timeout.ms", "15000")
+        .set("request.timeout.ms", "5000")
+        .set("reconnect.backoff.ms", "50")
+        .set("reconnect.backoff.max.ms", "200");
+    if idempotent {
+        c.set("enable.idempotence", "true");
+    } else {
+        // Without idempotence a retry may write a record twice, as Kafka
+        // allows: no retries, so any duplicate is the broker's.
+        c.set("enable.idempotence", "false").set("retries", "0");
+    }
+    c
+}
+
+/// Unique values `<process>-<n>` to every partition in turn, up to 32 in
+/// flight, one every 2 ms, until `stop`.
+async fn produce(rec: Arc<Recorder>, process: u32, bootstrap: String, idempotent: bool, stop: Arc<AtomicBool>) {
+    let producer: FutureProducer = producer_config(&bootstrap, idempotent).create().expect("producer");
+    let mut inflight = FuturesUnordered::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(2));
+    let mut n = 0u64;
+    loop {
+        let stopping = stop.load(Ordering::Relaxed);
+        if stopping && inflight.is_empty() {
+            return;
+        }
+        tokio::select! {
+            _ = tick.tick(), if !stopping && inflight.len() < 32 => {
+                let value = format!("{process}-{n}");
+                let partition = (n % PARTITIONS as u64) as i32;
+                n += 1;
+                let start = rec.ms();
+                let record = FutureRecord::<(), str>::to(TOPIC).partition(partition).payload(&value);
+                match producer.send_result(record) {
+                    Ok(delivery) => inflight.push(async move { (value, partition, start, delivery.await) }),
+                    // The local queue is full: this value was never sent.
+                    Err((_, _)) => rec.record(process, start, send_op(partition, value, Outcome::Failed, None, None)),
+                }
+            }
+            Some((value, partition, start, result)) = inflight.next() => {
+                let (outcome, offset) = match result {
+                    Ok(Ok(delivery)) => (Outcome::Ok, Some(delivery.offset)),
+                    // A timeout or an error after sending: it may have been written.
+                    _ => (Outcome::Unknown, None),
+                };
+                rec.record(process, start, send_op(partition, value, outcome, offset, None));
+            }
+        }
+    }
+}
+
+fn send_op(partition: i32, value: String, outcome: Outcome, offset: Option<i64>, txn: Option<u64>) -> OpKind {
+    OpKind::Send { topic: TOPIC.into(), partition, value, outcome, offset, txn }
+}
+
+fn consumer(bootstrap: &str, isolation: Isolation) -> BaseConsumer {
+    let level = match isolation {
+        Isolation::ReadCommitted => "read_committed",
+        Isolation::ReadUncommitted => "read_uncommitted",
+    };
+    let mut c = common::consumer_config(bootstrap);
+    c.set("isolation.level", level)
+        .set("fetch.wait.max.ms", "100")
+        .set("reconnect.backoff.ms", "50")
+        .set("reconnect.backoff.max.ms", "200");
+    c.create().expect("consumer")
+}
+
+/// Assigns every partition from offset 0, recorded as seeks.
+fn assign_from_start(rec: &Recorder, process: u32, consumer: &BaseConsumer) {
+    let mut list = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        let start = rec.ms();
+        list.add_partition_offset(TOPIC, p, Offset::Offset(0)).unwrap();
+        rec.record(process, start, OpKind::Seek { topic: TOPIC.into(), partition: p, offset: 0 });
+    }
+    consumer.assign(&list).expect("assign");
+}
+
+/// One poll of `consumer`: a record, recorded as a poll of one record,
+/// or the partition's end (`Some(partition)`), or nothing.
+fn poll_once(rec: &Recorder, process: u32, consumer: &BaseConsumer, isolation: Isolation) -> Option<i32> {
+    let start = rec.ms();
+    match consumer.poll(Duration::from_millis(100)) {
+        Some(Ok(m)) => {
+            let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+            let read = Read { topic: m.topic().into(), partition: m.partition(), offset: m.offset(), value };
+            rec.record(process, start, OpKind::Poll { isolation, mode: Mode::Assign, records: vec![read] });
+            None
+        }
+        Some(Err(KafkaError::PartitionEOF(p))) => Some(p),
+        // The broker is down or restarting: the client retries.
+        Some(Err(_)) | None => None,
+    }
+}
+
+/// An assign-mode consumer from offset 0 until `stop` (on this thread).
+fn consume(rec: Arc<Recorder>, process: u32, bootstrap: String, isolation: Isolation, stop: Arc<AtomicBool>) {
+    let consumer = consumer(&bootstrap, isolation);
+    assign_from_start(&rec, process, &consumer);
+    while !stop.load(Ordering::Relaxed) {
+        poll_once(&rec, process, &consumer, isolation);
+    }
+}
+
+/// Reads every partition from 0 to its end (the high watermark, or for
+/// read_committed the last stable offset, once nothing is open).
+fn final_read(rec: &Recorder, process: u32, bootstrap: &str, isolation: Isolation) {
+    let consumer = consumer(bootstrap, isolation);
+    let mut ends = BTreeMap::new();
+    for p in 0..PARTITIONS {
+        let (_, high) = consumer.fetch_watermarks(TOPIC, p, Duration::from_secs(30)).expect("watermarks");
+        ends.insert(p, high);
+    }
+    assign_from_start(rec, process, &consumer);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut done = std::collections::BTreeSet::new();
+    while done.len() < PARTITIONS as usize {
+        assert!(Instant::now() < deadline, "final read did not reach {ends:?} within 60 s");
+        if let Some(p) = poll_once(rec, process, &consumer, isolation) {
+            let position = consumer.position().unwrap();
+            let at = position.find_partition(TOPIC, p).map(|e| e.offset());
+            if matches!(at, Some(Offset::Offset(o)) if o >= ends[&p]) {
+                done.insert(p);
+            }
+        }
+    }
+}
+
+/// Transactions of one value per partition, committed (3 in 4) or aborted,
+/// until `stop`. A failed transaction is aborted; a producer that cannot
+/// go on is replaced, which fences its transaction.
+fn transact(rec: Arc<Recorder>, process: u32, bootstrap: String, seed: u64, stop: Arc<AtomicBool>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut rng = common::Rng::new(seed ^ process as u64);
+    let timeout = Duration::from_secs(10);
+    let make = || -> FutureProducer {
+        let mut c = producer_config(&bootstrap, true);
+        c.set("transactional.id", format!("faults-{process}"))
+            .set("transaction.timeout.ms", TXN_TIMEOUT_MS.to_string())
+            .set("message.timeout.ms", TXN_TIMEOUT_MS.to_string());
+        let producer: FutureProducer = c.create().expect("transactional producer");
+        // The broker may be down or still aborting the fenced transaction: init until it answers.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while let Err(e) = producer.init_transactions(timeout) {
+            assert!(Instant::now() < deadline, "process {process}: init_transactions failing for 60 s: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        producer
+    };
+    let mut producer = make();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let txn = (process as u64) << 32 | n;
+        n += 1;
+        if producer.begin_transaction().is_err() {
+            producer = make();
+            continue;
+        }
+        let mut all_sent = true;
+        for partition in 0..PARTITIONS {
+            let value = format!("{process}-t{n}-{partition}");
+            let start = rec.ms();
+            let record = FutureRecord::<(), str>::to(TOPIC).partition(partition).payload(&value);
+            let result = match producer.send_result(record) {
+                Ok(delivery) => runtime.block_on(delivery).ok().and_then(|r| r.ok()),
+                Err(_) => None,
+            };
+            all_sent &= result.is_some();
+            let outcome = if result.is_some() { Outcome::Ok } else { Outcome::Unknown };
+            rec.record(process, start, send_op(partition, value, outcome, result.map(|d| d.offset), Some(txn)));
+        }
+        let commit = all_sent && rng.below(4) != 0;
+        let start = rec.ms();
+        let result = if commit {
+            let mut attempts = 0;
+            loop {
+                match producer.commit_transaction(timeout) {
+                    Err(KafkaError::Transaction(e)) if e.is_retriable() && attempts < 10 => attempts += 1,
+                    other => break other,
+                }
+            }
+        } else {
+            producer.abort_transaction(timeout)
+        };
+        match result {
+            Ok(()) => rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Ok }),
+            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+                // The transaction is aborted either way; a broken abort leaves it to the replacement's fencing.
+                let aborted = producer.abort_transaction(timeout).is_ok();
+                let outcome = if aborted { Outcome::Ok } else { Outcome::Unknown };
+                rec.record(process, start, OpKind::EndTxn { txn, commit: false, outcome });
+                if !aborted {
+                    producer = make();
+                }
+            }
+            Err(_) => {
+                // Commit or abort in an unknown state: either may have happened.
+                rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Unknown });
+                producer = make();
+            }
+        }
+    }
+}
+
+/// The last stable offset (read_committed high watermark) and the high
+/// watermark of every partition, every 300 ms until `stop`.
+fn watch_lso(rec: Arc<Recorder>, process: u32, bootstrap: String, stop: Arc<AtomicBool>) {
+    let committed = consumer(&bootstrap, Isolation::ReadCommitted);
+    let uncommitted = consumer(&bootstrap, Isolation::ReadUncommitted);
+    let timeout = Duration::from_secs(2);
+    while !stop.load(Ordering::Relaxed) {
+        for p in 0..PARTITIONS {
+            let start = rec.ms();
+            if let (Ok((_, lso)), Ok((_, hw))) =
+                (committed.fetch_watermarks(TOPIC, p, timeout), uncommitted.fetch_watermarks(TOPIC, p, timeout))
+            {
+                rec.record(process, start, OpKind::Lso { topic: TOPIC.into(), partition: p, lso, hw });
+            }
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Workload {
+    AcksAll,
+    Idempotent,
+    Transactions,
+}
+
+/// Starts a broker, runs `workload` under a seeded schedule, reads
+/// everything back, checks the history and fails on any anomaly.
+async fn run(name: &str, workload: Workload) {
+    let seed = std::env::var("STRAND_FAULTS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    let seconds: u64 = std::env::var("STRAND_FAULTS_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let replay = format!("STRAND_FAULTS_SEED={seed} STRAND_FAULTS_SECONDS={seconds} cargo test --test faults {name}");
+    println!("{name}: seed {seed}; replay: {replay}");
+    let mut rng = common::Rng::new(seed);
+    let plan = schedule(&mut rng, Duration::from_secs(seconds));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let mut broker = ChildBroker::new(tmp.path())
+        .with_properties(&["transaction.abort.timed.out.transaction.cleanup.interval.ms=1000"]);
+    broker.start();
+    let bootstrap = broker.bootstrap();
+    common::create_topic(&bootstrap, TOPIC, PARTITIONS, &[("segment.bytes", "262144")]).await;
+
+    let rec = Recorder::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut producers = Vec::new();
+    let mut threads = Vec::new();
+    match workload {
+        Workload::AcksAll | Workload::Idempotent => {
+            for process in 1..=2 {
+                let task =
+                    produce(rec.clone(), process, bootstrap.clone(), workload == Workload::Idempotent, stop.clone());
+                producers.push(tokio::spawn(task));
+            }
+            let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || consume(r, 10, b, Isolation::ReadUncommitted, s)));
+        }
+        Workload::Transactions => {
+            for process in 1..=2 {
+                let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
+                threads.push(std::thread::spawn(move || transact(r, process, b, seed, s)));
+            }
+            for (process, isolation) in [(10, Isolation::ReadCommitted), (11, Isolation::ReadUncommitted)] {
+                let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
+                threads.push(std::thread::spawn(move || consume(r, process, b, isolation, s)));
+            }
+            let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || watch_lso(r, 20, b, s)));
+        }
+    }
+
+    let t0 = rec.t0;
+    let duration = Duration::from_secs(seconds);
+    let mut broker = tokio::task::spawn_blocking(move || {
+        inject(&mut broker, &plan, t0, &mut rng);
+        if let Some(rest) = duration.checked_sub(t0.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        broker
+    })
+    .await
+    .unwrap();
+    stop.store(true, Ordering::Relaxed);
+    for p in producers {
+        p.await.unwrap();
+    }
+    let joined = tokio::task::spawn_blocking(move || threads.into_iter().map(|t| t.join()).collect::<Vec<_>>());
+    for result in joined.await.unwrap() {
+        result.expect("a workload thread panicked");
+    }
+
+    // Every partition read to its end, by both isolation levels.
+    let r = rec.clone();
+    let b = bootstrap.clone();
+    tokio::task::spawn_blocking(move || {
+        final_read(&r, 100, &b, Isolation::ReadUncommitted);
+        final_read(&r, 101, &b, Isolation::ReadCommitted);
+    })
+    .await
+    .unwrap();
+    broker.stop();
+
+    let history = rec.history();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("faults");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}-{seed}.jsonl"));
+    history.write(std::io::BufWriter::new(std::fs::File::create(&path).unwrap())).unwrap();
+    let options = CheckOptions {
+        txn_timeout_ms: (workload == Workload::Transactions).then_some(TXN_TIMEOUT_MS),
+        // Faults hold the LSO too: a paused or restarting broker aborts nothing.
+        lso_slack_ms: 10_000,
+        transform: None,
+    };
+    let report = check(&history, &options);
+    println!("{name}: history {}\n{}", path.display(), report.table());
+    assert!(report.stats.acknowledged > 100, "{name}: the workload made too little progress; replay: {replay}");
+    assert!(report.is_clean(), "{name}: anomalies; history {}; replay: {replay}", path.display());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_all_under_single_node_faults() {
+    run("acks_all_under_single_node_faults", Workload::AcksAll).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idempotent_under_single_node_faults() {
+    run("idempotent_under_single_node_faults", Workload::Idempotent).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactions_under_single_node_faults() {
+    run("transactions_under_single_node_faults", Workload::Transactions).await;
+}
