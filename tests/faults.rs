@@ -564,7 +564,7 @@ struct Run {
 
 /// Runs one at a time: each is a few processes and many client threads,
 /// more than two cores carry side by side.
-static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl Run {
     fn new(name: &'static str, workload: Workload, nodes: i32) -> Run {
@@ -575,7 +575,7 @@ impl Run {
 /// Starts the brokers, runs the workload under a seeded schedule, reads
 /// everything back, keeps the history and returns the checker's report.
 async fn run(run: Run) -> (strand::verify::Report, String) {
-    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let _turn = ONE_AT_A_TIME.lock().await;
     let name = run.name;
     let seed = std::env::var("STRAND_FAULTS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
