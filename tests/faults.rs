@@ -15,7 +15,15 @@
 //! with idempotent producers, retrying), `transactions` (transactional
 //! producers writing every partition per transaction, committing or
 //! aborting, read_committed and read_uncommitted consumers, and the last
-//! stable offset watched against the transaction timeout).
+//! stable offset watched against the transaction timeout), `transform`
+//! (consume-transform-produce: an idempotent producer writes the input, a
+//! transactional transformer copies it to an output topic with its input
+//! offsets committed in the same transaction; the output must hold every
+//! input exactly once).
+//!
+//! Each runs on one node and on three (replication factor 3,
+//! min.insync.replicas=2, faults on random nodes and on partition leaders,
+//! pauses past the 3 s session timeout), one run at a time.
 //!
 //! Longer runs by command: `STRAND_FAULTS_SEED=N` replays a schedule,
 //! `STRAND_FAULTS_SECONDS=N` sets its length (20 by default),
@@ -372,7 +380,18 @@ async fn produce(rec: Arc<Recorder>, process: u32, bootstrap: String, idempotent
 }
 
 fn send_op(partition: i32, value: String, outcome: Outcome, offset: Option<i64>, txn: Option<u64>) -> OpKind {
-    OpKind::Send { topic: TOPIC.into(), partition, value, outcome, offset, txn }
+    send_to(TOPIC, partition, value, outcome, offset, txn)
+}
+
+fn send_to(
+    topic: &str,
+    partition: i32,
+    value: String,
+    outcome: Outcome,
+    offset: Option<i64>,
+    txn: Option<u64>,
+) -> OpKind {
+    OpKind::Send { topic: topic.into(), partition, value, outcome, offset, txn }
 }
 
 fn consumer(bootstrap: &str, isolation: Isolation) -> BaseConsumer {
@@ -389,12 +408,12 @@ fn consumer(bootstrap: &str, isolation: Isolation) -> BaseConsumer {
 }
 
 /// Assigns every partition from offset 0, recorded as seeks.
-fn assign_from_start(rec: &Recorder, process: u32, consumer: &BaseConsumer) {
+fn assign_from_start(rec: &Recorder, process: u32, consumer: &BaseConsumer, topic: &str) {
     let mut list = TopicPartitionList::new();
     for p in 0..PARTITIONS {
         let start = rec.ms();
-        list.add_partition_offset(TOPIC, p, Offset::Offset(0)).unwrap();
-        rec.record(process, start, OpKind::Seek { topic: TOPIC.into(), partition: p, offset: 0 });
+        list.add_partition_offset(topic, p, Offset::Offset(0)).unwrap();
+        rec.record(process, start, OpKind::Seek { topic: topic.into(), partition: p, offset: 0 });
     }
     consumer.assign(&list).expect("assign");
 }
@@ -419,32 +438,89 @@ fn poll_once(rec: &Recorder, process: u32, consumer: &BaseConsumer, isolation: I
 /// An assign-mode consumer from offset 0 until `stop` (on this thread).
 fn consume(rec: Arc<Recorder>, process: u32, bootstrap: String, isolation: Isolation, stop: Arc<AtomicBool>) {
     let consumer = consumer(&bootstrap, isolation);
-    assign_from_start(&rec, process, &consumer);
+    assign_from_start(&rec, process, &consumer, TOPIC);
     while !stop.load(Ordering::Relaxed) {
         poll_once(&rec, process, &consumer, isolation);
     }
 }
 
-/// Reads every partition from 0 to its end (the high watermark, or for
-/// read_committed the last stable offset, once nothing is open).
-fn final_read(rec: &Recorder, process: u32, bootstrap: &str, isolation: Isolation) {
+/// Reads every partition of `topic` from 0 to its end (the high
+/// watermark, or for read_committed the last stable offset, once nothing
+/// is open).
+fn final_read(rec: &Recorder, process: u32, bootstrap: &str, isolation: Isolation, topic: &str) {
     let consumer = consumer(bootstrap, isolation);
     let mut ends = BTreeMap::new();
     for p in 0..PARTITIONS {
-        let (_, high) = consumer.fetch_watermarks(TOPIC, p, Duration::from_secs(30)).expect("watermarks");
+        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).expect("watermarks");
         ends.insert(p, high);
     }
-    assign_from_start(rec, process, &consumer);
+    assign_from_start(rec, process, &consumer, topic);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut done = std::collections::BTreeSet::new();
     while done.len() < PARTITIONS as usize {
-        assert!(Instant::now() < deadline, "final read did not reach {ends:?} within 60 s");
+        assert!(Instant::now() < deadline, "final read of {topic} did not reach {ends:?} within 60 s");
         if let Some(p) = poll_once(rec, process, &consumer, isolation) {
             let position = consumer.position().unwrap();
-            let at = position.find_partition(TOPIC, p).map(|e| e.offset());
+            let at = position.find_partition(topic, p).map(|e| e.offset());
             if matches!(at, Some(Offset::Offset(o)) if o >= ends[&p]) {
                 done.insert(p);
             }
+        }
+    }
+}
+
+/// A transactional producer with id `id`, initialised (the broker may be
+/// down, or still aborting what a predecessor left open: retried for 60 s).
+fn txn_producer(bootstrap: &str, id: &str) -> FutureProducer {
+    let mut c = producer_config(bootstrap, true);
+    c.set("transactional.id", id)
+        .set("transaction.timeout.ms", TXN_TIMEOUT_MS.to_string())
+        .set("message.timeout.ms", TXN_TIMEOUT_MS.to_string());
+    let producer: FutureProducer = c.create().expect("transactional producer");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(e) = producer.init_transactions(TXN_CALL) {
+        assert!(Instant::now() < deadline, "{id}: init_transactions failing for 60 s: {e}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    producer
+}
+
+/// Timeout of one transactional call.
+const TXN_CALL: Duration = Duration::from_secs(10);
+
+/// Ends `txn` with a commit (retrying what may be retried) or an abort and
+/// records how it ended. Returns (committed, whether the producer can go
+/// on); a producer that cannot is replaced by the caller, which fences
+/// whatever it left open.
+fn finish_txn(rec: &Recorder, process: u32, producer: &FutureProducer, txn: u64, commit: bool) -> (bool, bool) {
+    let start = rec.ms();
+    let result = if commit {
+        let mut attempts = 0;
+        loop {
+            match producer.commit_transaction(TXN_CALL) {
+                Err(KafkaError::Transaction(e)) if e.is_retriable() && attempts < 10 => attempts += 1,
+                other => break other,
+            }
+        }
+    } else {
+        producer.abort_transaction(TXN_CALL)
+    };
+    match result {
+        Ok(()) => {
+            rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Ok });
+            (commit, true)
+        }
+        Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
+            // Aborted either way; a broken abort leaves it to the replacement's fencing.
+            let aborted = producer.abort_transaction(TXN_CALL).is_ok();
+            let outcome = if aborted { Outcome::Ok } else { Outcome::Unknown };
+            rec.record(process, start, OpKind::EndTxn { txn, commit: false, outcome });
+            (false, aborted)
+        }
+        Err(_) => {
+            // Commit or abort in an unknown state: either may have happened.
+            rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Unknown });
+            (false, false)
         }
     }
 }
@@ -455,28 +531,14 @@ fn final_read(rec: &Recorder, process: u32, bootstrap: &str, isolation: Isolatio
 fn transact(rec: Arc<Recorder>, process: u32, bootstrap: String, seed: u64, stop: Arc<AtomicBool>) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut rng = common::Rng::new(seed ^ process as u64);
-    let timeout = Duration::from_secs(10);
-    let make = || -> FutureProducer {
-        let mut c = producer_config(&bootstrap, true);
-        c.set("transactional.id", format!("faults-{process}"))
-            .set("transaction.timeout.ms", TXN_TIMEOUT_MS.to_string())
-            .set("message.timeout.ms", TXN_TIMEOUT_MS.to_string());
-        let producer: FutureProducer = c.create().expect("transactional producer");
-        // The broker may be down or still aborting the fenced transaction: init until it answers.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while let Err(e) = producer.init_transactions(timeout) {
-            assert!(Instant::now() < deadline, "process {process}: init_transactions failing for 60 s: {e}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        producer
-    };
-    let mut producer = make();
+    let id = format!("faults-{process}");
+    let mut producer = txn_producer(&bootstrap, &id);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let txn = (process as u64) << 32 | n;
         n += 1;
         if producer.begin_transaction().is_err() {
-            producer = make();
+            producer = txn_producer(&bootstrap, &id);
             continue;
         }
         let mut all_sent = true;
@@ -492,37 +554,162 @@ fn transact(rec: Arc<Recorder>, process: u32, bootstrap: String, seed: u64, stop
             let outcome = if result.is_some() { Outcome::Ok } else { Outcome::Unknown };
             rec.record(process, start, send_op(partition, value, outcome, result.map(|d| d.offset), Some(txn)));
         }
-        let commit = all_sent && rng.below(4) != 0;
-        let start = rec.ms();
-        let result = if commit {
-            let mut attempts = 0;
-            loop {
-                match producer.commit_transaction(timeout) {
-                    Err(KafkaError::Transaction(e)) if e.is_retriable() && attempts < 10 => attempts += 1,
-                    other => break other,
-                }
-            }
-        } else {
-            producer.abort_transaction(timeout)
-        };
-        match result {
-            Ok(()) => rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Ok }),
-            Err(KafkaError::Transaction(e)) if e.txn_requires_abort() => {
-                // The transaction is aborted either way; a broken abort leaves it to the replacement's fencing.
-                let aborted = producer.abort_transaction(timeout).is_ok();
-                let outcome = if aborted { Outcome::Ok } else { Outcome::Unknown };
-                rec.record(process, start, OpKind::EndTxn { txn, commit: false, outcome });
-                if !aborted {
-                    producer = make();
-                }
-            }
-            Err(_) => {
-                // Commit or abort in an unknown state: either may have happened.
-                rec.record(process, start, OpKind::EndTxn { txn, commit, outcome: Outcome::Unknown });
-                producer = make();
-            }
+        let (_, usable) = finish_txn(&rec, process, &producer, txn, all_sent && rng.below(4) != 0);
+        if !usable {
+            producer = txn_producer(&bootstrap, &id);
         }
     }
+}
+
+/// The consume-transform-produce workload's output topic and group.
+const OUT: &str = "faults-out";
+const TRANSFORM_GROUP: &str = "faults-transform";
+
+/// Consume-transform-produce: reads [`TOPIC`] read_committed from the
+/// group's committed offsets and, in transactions of up to 50 records,
+/// writes each value (tagged with the transaction) to the same partition of
+/// [`OUT`] and commits the input positions in the same transaction. A
+/// failed transaction is aborted (or its producer replaced) and the input
+/// rewound to the committed offsets. After `stop`, runs until it has
+/// consumed the input to its end.
+fn transform(rec: Arc<Recorder>, process: u32, bootstrap: String, stop: Arc<AtomicBool>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut config = common::consumer_config(&bootstrap);
+    config
+        .set("group.id", TRANSFORM_GROUP)
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "false")
+        .set("fetch.wait.max.ms", "100")
+        .set("reconnect.backoff.ms", "50")
+        .set("reconnect.backoff.max.ms", "200");
+    let consumer: BaseConsumer = config.create().expect("consumer");
+    let id = "faults-transform";
+    let mut producer = txn_producer(&bootstrap, id);
+    rewind(&rec, process, &consumer);
+    let mut n = 0u64;
+    let mut stopped_at = None;
+    loop {
+        let mut records = Vec::new();
+        let gather = Instant::now() + Duration::from_millis(100);
+        while records.len() < 50 && Instant::now() < gather {
+            let start = rec.ms();
+            if let Some(Ok(m)) = consumer.poll(Duration::from_millis(20)) {
+                let value = String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned();
+                let read = Read { topic: m.topic().into(), partition: m.partition(), offset: m.offset(), value };
+                let records_ = vec![read.clone()];
+                let kind = OpKind::Poll { isolation: Isolation::ReadCommitted, mode: Mode::Assign, records: records_ };
+                rec.record(process, start, kind);
+                records.push(read);
+            }
+        }
+        if records.is_empty() {
+            if stop.load(Ordering::Relaxed) {
+                let since = *stopped_at.get_or_insert_with(Instant::now);
+                if at_input_end(&consumer) {
+                    return;
+                }
+                assert!(since.elapsed() < Duration::from_secs(60), "transform: input not consumed 60 s after stop");
+            }
+            continue;
+        }
+        let txn = (process as u64) << 32 | n;
+        n += 1;
+        let mut ok = producer.begin_transaction().is_ok();
+        let mut next: BTreeMap<i32, i64> = BTreeMap::new();
+        let mut deliveries = Vec::new();
+        for r in &records {
+            if !ok {
+                break;
+            }
+            let value = format!("{}|{txn}", r.value);
+            let start = rec.ms();
+            let record = FutureRecord::<(), str>::to(OUT).partition(r.partition).payload(&value);
+            match producer.send_result(record) {
+                Ok(delivery) => deliveries.push((r.partition, value, start, delivery)),
+                Err(_) => ok = false,
+            }
+            next.insert(r.partition, r.offset + 1);
+        }
+        // All of the transaction's records in flight at once; each recorded as it is answered.
+        for (partition, value, start, delivery) in deliveries {
+            let result = runtime.block_on(delivery).ok().and_then(|r| r.ok());
+            ok &= result.is_some();
+            let outcome = if result.is_some() { Outcome::Ok } else { Outcome::Unknown };
+            rec.record(process, start, send_to(OUT, partition, value, outcome, result.map(|d| d.offset), Some(txn)));
+        }
+        if ok {
+            let mut positions = TopicPartitionList::new();
+            for (p, o) in &next {
+                positions.add_partition_offset(TOPIC, *p, Offset::Offset(*o)).unwrap();
+            }
+            let start = rec.ms();
+            let metadata = consumer.group_metadata().expect("group metadata");
+            ok = producer.send_offsets_to_transaction(&positions, &metadata, TXN_CALL).is_ok();
+            let outcome = if ok { Outcome::Ok } else { Outcome::Unknown };
+            for (p, o) in &next {
+                let kind = OpKind::Commit {
+                    group: TRANSFORM_GROUP.into(),
+                    topic: TOPIC.into(),
+                    partition: *p,
+                    offset: *o,
+                    outcome,
+                    txn: Some(txn),
+                };
+                rec.record(process, start, kind);
+            }
+        }
+        let (committed, usable) = finish_txn(&rec, process, &producer, txn, ok);
+        if !usable {
+            producer = txn_producer(&bootstrap, id);
+        }
+        if !committed {
+            rewind(&rec, process, &consumer);
+        }
+    }
+}
+
+/// Assigns the input from the group's committed offsets (0 where none),
+/// recording what was read back and where the consumer now starts.
+fn rewind(rec: &Recorder, process: u32, consumer: &BaseConsumer) {
+    let mut asked = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        asked.add_partition(TOPIC, p);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (start, committed) = loop {
+        let start = rec.ms();
+        match consumer.committed_offsets(asked.clone(), TXN_CALL) {
+            Ok(c) => break (start, c),
+            Err(e) => assert!(Instant::now() < deadline, "transform: committed offsets failing for 60 s: {e}"),
+        }
+    };
+    let mut from = TopicPartitionList::new();
+    for e in committed.elements() {
+        let offset = match e.offset() {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
+        let kind = OpKind::FetchCommitted {
+            group: TRANSFORM_GROUP.into(),
+            topic: TOPIC.into(),
+            partition: e.partition(),
+            offset: if matches!(e.offset(), Offset::Offset(_)) { offset } else { -1 },
+        };
+        rec.record(process, start, kind);
+        rec.record(process, rec.ms(), OpKind::Seek { topic: TOPIC.into(), partition: e.partition(), offset });
+        from.add_partition_offset(TOPIC, e.partition(), Offset::Offset(offset)).unwrap();
+    }
+    consumer.assign(&from).expect("assign");
+}
+
+/// Whether the consumer's position is at the input's end on every partition.
+fn at_input_end(consumer: &BaseConsumer) -> bool {
+    let Ok(positions) = consumer.position() else { return false };
+    (0..PARTITIONS).all(|p| {
+        let end = consumer.fetch_watermarks(TOPIC, p, TXN_CALL).map(|(_, high)| high);
+        let at = positions.find_partition(TOPIC, p).map(|e| e.offset());
+        matches!((end, at), (Ok(end), Some(Offset::Offset(o))) if o >= end)
+    })
 }
 
 /// The last stable offset (read_committed high watermark) and the high
@@ -549,6 +736,9 @@ enum Workload {
     AcksAll,
     Idempotent,
     Transactions,
+    /// An idempotent producer writes the input, a transformer copies it to
+    /// [`OUT`] exactly once.
+    Transform,
 }
 
 /// A run: what it does and against what.
@@ -620,6 +810,11 @@ async fn run(run: Run) -> (strand::verify::Report, String) {
             let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
             threads.push(std::thread::spawn(move || consume(r, 10, b, Isolation::ReadUncommitted, s)));
         }
+        Workload::Transform => {
+            producers.push(tokio::spawn(produce(rec.clone(), 1, bootstrap.clone(), true, stop.clone())));
+            let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || transform(r, 30, b, s)));
+        }
         Workload::Transactions => {
             for process in 1..=2 {
                 let (r, b, s) = (rec.clone(), bootstrap.clone(), stop.clone());
@@ -649,11 +844,15 @@ async fn run(run: Run) -> (strand::verify::Report, String) {
     }
 
     // Every partition read to its end, by both isolation levels.
+    let transforms = run.workload == Workload::Transform;
     let r = rec.clone();
     let b = bootstrap.clone();
     tokio::task::spawn_blocking(move || {
-        final_read(&r, 100, &b, Isolation::ReadUncommitted);
-        final_read(&r, 101, &b, Isolation::ReadCommitted);
+        final_read(&r, 100, &b, Isolation::ReadUncommitted, TOPIC);
+        final_read(&r, 101, &b, Isolation::ReadCommitted, TOPIC);
+        if transforms {
+            final_read(&r, 102, &b, Isolation::ReadCommitted, OUT);
+        }
     })
     .await
     .unwrap();
@@ -668,7 +867,7 @@ async fn run(run: Run) -> (strand::verify::Report, String) {
         txn_timeout_ms: (run.workload == Workload::Transactions).then_some(TXN_TIMEOUT_MS),
         // Faults hold the LSO too: a paused or restarting broker aborts nothing.
         lso_slack_ms: 10_000,
-        transform: None,
+        transform: transforms.then(|| (TOPIC.to_string(), OUT.to_string())),
     };
     let report = check(&history, &options);
     println!("{name}: history {}\n{}", path.display(), report.table());
@@ -682,13 +881,20 @@ async fn create_topic(target: &Target) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     let admin: AdminClient<rdkafka::client::DefaultClientContext> =
         common::admin_config(&target.bootstrap()).create().unwrap();
-    let mut topic =
-        NewTopic::new(TOPIC, PARTITIONS, TopicReplication::Fixed(target.nodes())).set("segment.bytes", "262144");
-    if target.nodes() > 1 {
-        topic = topic.set("min.insync.replicas", "2");
-    }
+    let topics: Vec<NewTopic> = [TOPIC, OUT]
+        .iter()
+        .map(|name| {
+            let topic =
+                NewTopic::new(name, PARTITIONS, TopicReplication::Fixed(target.nodes())).set("segment.bytes", "262144");
+            if target.nodes() > 1 {
+                topic.set("min.insync.replicas", "2")
+            } else {
+                topic
+            }
+        })
+        .collect();
     let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(20)));
-    for r in admin.create_topics([&topic], &opts).await.unwrap() {
+    for r in admin.create_topics(topics.iter(), &opts).await.unwrap() {
         r.expect("topic created");
     }
     if let Target::Cluster(c) = target {
@@ -732,6 +938,16 @@ async fn idempotent_under_three_node_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactions_under_three_node_faults() {
     clean(Run::new("transactions_under_three_node_faults", Workload::Transactions, 3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transform_under_single_node_faults() {
+    clean(Run::new("transform_under_single_node_faults", Workload::Transform, 1)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transform_under_three_node_faults() {
+    clean(Run::new("transform_under_three_node_faults", Workload::Transform, 3)).await;
 }
 
 /// The harness can fail: acknowledged records cut from a single node's log

@@ -88,7 +88,8 @@ pub struct CheckOptions {
     /// interval, a fault's recovery).
     pub lso_slack_ms: u64,
     /// Consume-transform-produce: (input topic, output topic). Each output
-    /// record carries its input's value.
+    /// record's value is its input's value, optionally followed by `|` and
+    /// a tag unique to the attempt (so that every send stays unique).
     pub transform: Option<(String, String)>,
 }
 
@@ -268,7 +269,8 @@ pub fn check(history: &History, options: &CheckOptions) -> Report {
                     }
                 }
                 if options.transform.as_ref().is_some_and(|(_, output)| *output == r.topic) {
-                    committed_output.entry(&r.value).or_default().insert((r.partition, r.offset));
+                    let input = r.value.split('|').next().unwrap_or_default();
+                    committed_output.entry(input).or_default().insert((r.partition, r.offset));
                 }
             }
         }

@@ -275,7 +275,7 @@ mod tests {
             ]
         };
         let mut exact = base();
-        exact.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a"), (0, 1, "b"), (0, 3, "c")]));
+        exact.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a|1"), (0, 1, "b|1"), (0, 3, "c|2")]));
         assert_eq!(flagged(exact, &options), vec![]);
         let mut missing = base();
         missing.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a"), (0, 1, "b")]));
@@ -284,5 +284,13 @@ mod tests {
         let mut twice = base();
         twice.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a"), (0, 1, "b"), (0, 2, "c"), (0, 4, "a")]));
         assert_eq!(flagged(twice, &options), vec![(Anomaly::Duplicate, 1), (Anomaly::TransformNotExactlyOnce, 1)]);
+        // Two attempts' outputs of one input, both committed.
+        let mut retried = base();
+        retried.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a|1"), (0, 1, "b|1"), (0, 2, "c|1"), (0, 4, "a|2")]));
+        assert_eq!(flagged(retried, &options), vec![(Anomaly::TransformNotExactlyOnce, 1)]);
+        // An output nobody asked for.
+        let mut stray = base();
+        stray.push(poll_topic(3, 9, RC, "out", &[(0, 0, "a"), (0, 1, "b"), (0, 2, "c"), (0, 3, "z|1")]));
+        assert_eq!(flagged(stray, &options), vec![(Anomaly::TransformNotExactlyOnce, 1)]);
     }
 }
