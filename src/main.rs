@@ -1,5 +1,6 @@
 //! `strand [--config FILE | FILE] [--override key=value ...]`
 //! `strand --repair-log PARTITION_DIR [--truncate]`
+//! `strand verify --history FILE [--txn-timeout-ms MS] [--transform IN:OUT]`
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -30,7 +31,69 @@ struct Args {
     truncate: bool,
 }
 
+/// `strand verify`: the anomaly checker on a recorded history.
+#[derive(Parser, Debug)]
+#[command(name = "strand verify", about = "Check a history of client operations for Jepsen's Kafka anomalies")]
+struct VerifyArgs {
+    /// The history: JSON lines, one operation each (what tests/faults.rs
+    /// keeps under target/tmp/faults/).
+    #[arg(long, value_name = "FILE")]
+    history: PathBuf,
+    /// The producers' transaction.timeout.ms: a last stable offset held
+    /// below the high watermark longer than this (plus --lso-slack-ms) is stuck.
+    #[arg(long, value_name = "MS")]
+    txn_timeout_ms: Option<u64>,
+    #[arg(long, value_name = "MS", default_value_t = 10_000)]
+    lso_slack_ms: u64,
+    /// Consume-transform-produce: every acknowledged value of topic IN must
+    /// be in the committed output OUT exactly once.
+    #[arg(long, value_name = "IN:OUT")]
+    transform: Option<String>,
+}
+
+/// Exit 0 when the history is clean, 1 with anomalies, 2 when it cannot be read.
+fn verify(args: VerifyArgs) -> ExitCode {
+    let history = match std::fs::File::open(&args.history)
+        .map_err(|e| e.to_string())
+        .and_then(|f| strand::verify::History::read(std::io::BufReader::new(f)))
+    {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("strand verify: {}: {e}", args.history.display());
+            return ExitCode::from(2);
+        }
+    };
+    let transform = match args.transform.as_deref().map(|t| t.split_once(':')) {
+        None => None,
+        Some(Some((input, output))) if !input.is_empty() && !output.is_empty() => {
+            Some((input.to_string(), output.to_string()))
+        }
+        Some(_) => {
+            eprintln!("strand verify: --transform wants IN:OUT, two topic names");
+            return ExitCode::from(2);
+        }
+    };
+    let options = strand::verify::CheckOptions {
+        txn_timeout_ms: args.txn_timeout_ms,
+        lso_slack_ms: args.lso_slack_ms,
+        transform,
+    };
+    let report = strand::verify::check(&history, &options);
+    print!("{}", report.table());
+    if report.is_clean() {
+        println!("no anomalies");
+        ExitCode::SUCCESS
+    } else {
+        println!("{} anomalies", report.findings.len());
+        ExitCode::from(1)
+    }
+}
+
 fn main() -> ExitCode {
+    // A subcommand of its own: the broker's arguments take a positional file.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "verify") {
+        return verify(VerifyArgs::parse_from(std::env::args_os().skip(1)));
+    }
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
