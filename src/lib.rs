@@ -27,6 +27,7 @@ pub mod cluster;
 pub mod config;
 pub mod controller;
 pub mod controller_node;
+pub mod fuzz;
 pub mod group;
 pub mod listen_fds;
 pub mod metadata;
