@@ -400,6 +400,10 @@ fn consumer(bootstrap: &str, isolation: Isolation) -> BaseConsumer {
         Isolation::ReadUncommitted => "read_uncommitted",
     };
     let mut c = common::consumer_config(bootstrap);
+    // STRAND_FAULTS_DEBUG=fetch,metadata (librdkafka's debug contexts) to see why a consumer waits.
+    if let Ok(contexts) = std::env::var("STRAND_FAULTS_DEBUG") {
+        c.set("debug", contexts).set("log_level", "7");
+    }
     c.set("isolation.level", level)
         .set("fetch.wait.max.ms", "100")
         .set("reconnect.backoff.ms", "50")
@@ -435,13 +439,55 @@ fn poll_once(rec: &Recorder, process: u32, consumer: &BaseConsumer, isolation: I
     }
 }
 
-/// An assign-mode consumer from offset 0 until `stop` (on this thread).
+/// An assign-mode consumer from offset 0 until `stop`, then until it has
+/// read to the ends of the partitions as they are then (on this thread). A
+/// consumer that cannot get there within 30 s of the faults ending is
+/// reported as stuck.
 fn consume(rec: Arc<Recorder>, process: u32, bootstrap: String, isolation: Isolation, stop: Arc<AtomicBool>) {
     let consumer = consumer(&bootstrap, isolation);
     assign_from_start(&rec, process, &consumer, TOPIC);
     while !stop.load(Ordering::Relaxed) {
         poll_once(&rec, process, &consumer, isolation);
     }
+    let ends = partition_ends(&consumer, TOPIC);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let position = consumer.position().unwrap();
+        let behind: Vec<(i32, i64, i64)> = ends
+            .iter()
+            .filter_map(|(p, end)| match position.find_partition(TOPIC, *p).map(|e| e.offset()) {
+                Some(Offset::Offset(o)) if o >= *end => None,
+                Some(Offset::Offset(o)) => Some((*p, o, *end)),
+                _ => Some((*p, -1, *end)),
+            })
+            .collect();
+        if behind.is_empty() {
+            return;
+        }
+        if Instant::now() >= deadline {
+            // Reported, not failed (yet): seen once in a 90 s three-node run
+            // under CPU contention, not reproduced since; see docs/RELIABILITY.md.
+            println!(
+                "STUCK: process {process} ({isolation:?}) 30 s after the faults: (partition, position, end) {behind:?}"
+            );
+            return;
+        }
+        poll_once(&rec, process, &consumer, isolation);
+    }
+}
+
+/// Where each partition of `topic` ends for this consumer's isolation level
+/// (the high watermark, or the last stable offset).
+fn partition_ends(consumer: &BaseConsumer, topic: &str) -> BTreeMap<i32, i64> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    (0..PARTITIONS)
+        .map(|p| loop {
+            match consumer.fetch_watermarks(topic, p, Duration::from_secs(5)) {
+                Ok((_, high)) => break (p, high),
+                Err(e) => assert!(Instant::now() < deadline, "watermarks of {topic}-{p}: {e}"),
+            }
+        })
+        .collect()
 }
 
 /// Reads every partition of `topic` from 0 to its end (the high
@@ -449,11 +495,7 @@ fn consume(rec: Arc<Recorder>, process: u32, bootstrap: String, isolation: Isola
 /// is open).
 fn final_read(rec: &Recorder, process: u32, bootstrap: &str, isolation: Isolation, topic: &str) {
     let consumer = consumer(bootstrap, isolation);
-    let mut ends = BTreeMap::new();
-    for p in 0..PARTITIONS {
-        let (_, high) = consumer.fetch_watermarks(topic, p, Duration::from_secs(30)).expect("watermarks");
-        ends.insert(p, high);
-    }
+    let ends = partition_ends(&consumer, topic);
     assign_from_start(rec, process, &consumer, topic);
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut done = std::collections::BTreeSet::new();
